@@ -1,0 +1,122 @@
+# k3 — one Makefile. Objects go to build/ (build/san with SANITIZE=1); CUDA sources are
+# compiled whenever nvcc exists, otherwise a CPU-only binary is built.
+# Every src/**/*.c (except src/cli) goes into build/libk3.a, every tests/test_*.c becomes
+# one test binary, every fuzz/fuzz_*.c one libFuzzer target: adding a file needs no edit here.
+
+CC       ?= cc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+SANITIZE ?= 0
+FUZZ_SECONDS ?= 60
+
+BUILD := build
+SANFLAGS :=
+ifeq ($(SANITIZE),1)
+BUILD := build/san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wshadow -Wvla -D_GNU_SOURCE -pthread \
+           -Iinclude -Isrc -MMD -MP $(SANFLAGS)
+LDLIBS  := -lcjson -lpcre2-8 -lm -pthread $(SANFLAGS)
+
+LIB_C   := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+CLI_C   := $(sort $(wildcard src/cli/*.c))
+CU_SRC  := $(sort $(wildcard src/cuda/*.cu))
+TEST_C  := $(sort $(wildcard tests/test_*.c))
+TOOL_C  := $(sort $(wildcard tests/tools/*.c))
+FUZZ_C  := $(sort $(wildcard fuzz/fuzz_*.c))
+
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CFLAGS += -DK3_HAVE_CUDA=1
+LIB_C  := $(filter-out src/cuda/cuda_absent.c,$(LIB_C))
+CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Iinclude -Xcompiler -fPIC,-Wall \
+           --resource-usage -lineinfo -MMD -MP
+else
+CU_OBJ :=
+endif
+
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_C)) $(CU_OBJ)
+CLI_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(CLI_C))
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
+TOOL_BIN := $(patsubst tests/tools/%.c,$(BUILD)/tests/tools/%,$(TOOL_C))
+FUZZ_BIN := $(patsubst fuzz/%.c,build/fuzz/%,$(FUZZ_C))
+
+.PHONY: all help test test-san demo format fuzz clean deps
+all: $(BUILD)/k3 $(TEST_BIN) $(TOOL_BIN)
+
+help:
+	@echo "k3 targets:"
+	@echo "  make            build build/k3, build/libk3.a and the test binaries"
+	@echo "  make demo       the main job on the built-in tiny model (installs missing packages)"
+	@echo "  make test       all tests: C (cmocka) and Python oracles (installs missing packages)"
+	@echo "  make test-san   the whole test suite under ASan+UBSan (build/san)"
+	@echo "  make fuzz       each libFuzzer target for FUZZ_SECONDS=$(FUZZ_SECONDS) s"
+	@echo "  make format     clang-format every C, CUDA and header file"
+	@echo "  make clean      remove build/"
+	@echo "variables: SANITIZE=1  CUDA_ARCH='$(CUDA_ARCH)'  NVCC=path|''  CC=cc"
+
+deps:
+	@tools/install-deps
+
+$(BUILD)/libk3.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	ar rcs $@ $^
+
+$(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libk3.a $(LDLIBS)
+
+# The build commit is baked into status.o, which is rebuilt every time (it is tiny).
+K3_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+$(BUILD)/src/base/status.o: CFLAGS += -DK3_COMMIT='"$(K3_COMMIT)"'
+$(BUILD)/src/base/status.o: FORCE
+FORCE:
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libk3.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libk3.a -lcmocka $(LDLIBS)
+
+# Helper programs the Python oracle tests drive (not run by the test runner themselves).
+$(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libk3.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libk3.a $(LDLIBS)
+
+test: deps all
+	@tools/run-tests $(BUILD)
+
+test-san:
+	@$(MAKE) --no-print-directory SANITIZE=1 test
+
+demo: deps $(BUILD)/k3
+	@tools/demo $(BUILD)
+
+# libFuzzer targets link the library sources compiled by clang with the fuzzer runtime.
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc -fsanitize=fuzzer,address,undefined
+build/fuzz/%: fuzz/%.c $(LIB_C)
+	@mkdir -p $(@D)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(filter-out src/cuda/%,$(LIB_C)) src/cuda/cuda_absent.c -lcjson -lpcre2-8 -lm -pthread
+
+fuzz: deps $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus-$$n fuzz/corpus/$$n || exit 1; done
+
+format:
+	clang-format -i $$(find include src tests fuzz lab -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)
