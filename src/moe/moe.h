@@ -93,4 +93,22 @@ typedef struct k3_moe_block {
     k3_act_params shared_act; /* scalars: arrays of length 1 */
 } k3_moe_block;
 
+/* How activations enter the expert GEMMs (issue 4):
+ *  W4A16: activations stay float (bf16/fp32); exact against the reference on the same
+ *         dequantized weights.
+ *  W4A4:  NVFP4 experts, activations quantized to NVFP4 per 16 at run time, the way
+ *         TensorRT-LLM runs them on Blackwell: FC1 input with g1 = 1/max over local experts
+ *         of w1.input_scale, FC2 input with g2 = 1/max of w2.input_scale (moe.md §2.2).
+ *  W4A8:  MXFP4 experts, activations quantized to MXFP8 per 32 (W4A8_MXFP4_MXFP8). */
+typedef enum k3_act_mode { K3_MODE_W4A16 = 0, K3_MODE_W4A4, K3_MODE_W4A8, K3_MODE_COUNT } k3_act_mode;
+
+/* The routed-expert operator every backend implements:
+ *   y[t, :] = sum over k of w[t, k] * expert_{ids[t, k]}(x[t, :])
+ * x: float [T, H]; ids: int32 [T, k] global expert ids; w: float [T, k]; y: [T, H],
+ * fully overwritten. Slots whose expert is not local to `ex` contribute nothing (so the sum
+ * over expert-parallel ranks is the whole result). An id outside [0, n_experts) is an error.
+ * expert(x) = w2 . act(w1 . x, w3 . x) for gated activations, w2 . act(w1 . x) otherwise. */
+int k3_moe_experts_ref(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                       const int32_t *ids, const float *w, int k, double *y, k3_error *err);
+
 #endif
