@@ -15,6 +15,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"version", cli_version, "print version, build commit and compiled backends"},
+    {"bench", cli_bench, "benchmarks with their floors: bench moe"},
 };
 
 static void usage(FILE *f) {
