@@ -65,6 +65,8 @@ typedef struct k3_bench_moe_opts {
     int threads;           /* 0: all online CPUs */
     int repeats, warmup;   /* 0: 5 and 1 */
     uint64_t seed;         /* routing and weights; 0: 1 */
+    int warm;              /* 1: one routing per token count and no cache flush between
+                              repeats (how micro-benchmarks such as ggml's perf mode run) */
 } k3_bench_moe_opts;
 
 typedef struct k3_bench_moe_row {
@@ -89,6 +91,7 @@ typedef struct k3_bench_moe_env {
     double probe_bytes;       /* size of its buffer */
     double llc_bytes;         /* last-level cache size the OS reports (0 if unknown) */
     double fma_gflops;        /* fp32 FMA peak probe with the kernel's vector width */
+    int warm;                 /* the run was warm (see k3_bench_moe_opts.warm) */
 } k3_bench_moe_env;
 
 /* rows[n_tokens] receives one row per entry of tokens[]. */

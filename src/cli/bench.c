@@ -30,6 +30,8 @@ static void usage(FILE *f) {
             "  -t, --threads N        threads (default: all online CPUs)\n"
             "  -r, --repeats N        timed repeats after warm-up (default 5)\n"
             "      --warmup N         untimed runs first (default 1)\n"
+            "      --warm             same routing every repeat, no cache flush (micro-benchmark\n"
+            "                         conditions; default: cold weights, routing redrawn)\n"
             "  -s, --seed N           weights and routing seed (default 1)\n"
             "  -o, --output FMT       md | csv | json (default md)\n");
 }
@@ -57,11 +59,11 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
                "\"experts\": %d, \"top_k\": %d, \"hidden\": %d, \"inter\": %d, "
                "\"experts_built\": %d, \"experts_quantized\": %d, \"bytes_per_expert\": %.0f, "
                "\"read_gbs\": %.3f, \"probe_bytes\": %.0f, \"llc_bytes\": %.0f, "
-               "\"fma_gflops\": %.2f, \"rows\": [",
+               "\"fma_gflops\": %.2f, \"warm\": %s, \"rows\": [",
                k3_build_commit(), env->cpu, env->backend, env->format, env->mode, env->isa,
                env->threads, env->n_experts, env->top_k, env->hidden, env->inter,
                env->experts_built, env->experts_quantized, env->bytes_per_expert, env->read_gbs,
-               env->probe_bytes, env->llc_bytes, env->fma_gflops);
+               env->probe_bytes, env->llc_bytes, env->fma_gflops, env->warm ? "true" : "false");
         for (int i = 0; i < n; i++) {
             const k3_bench_moe_row *r = &rows[i];
             printf("%s{\"tokens\": %d, \"experts_touched\": %.2f, \"median_s\": %.9f, "
@@ -107,10 +109,11 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
            "from random floats by k3's quantizer, the rest re-randomized copies of their codes).\n",
            env->experts_built, env->n_experts, env->experts_built, env->experts_quantized);
     printf("Read bandwidth: %.2f GB/s (streaming read of %.2f GB, LLC %.0f MB, same threads); "
-           "FMA peak: %.1f GFLOP/s (fp32, %s width). Caches flushed before every timed call; "
-           "routing redrawn per repeat.\n",
+           "FMA peak: %.1f GFLOP/s (fp32, %s width). %s\n",
            env->read_gbs, env->probe_bytes / 1e9, env->llc_bytes / 1e6, env->fma_gflops,
-           env->isa);
+           env->isa,
+           env->warm ? "WARM: one routing per row, caches not flushed (weights may sit in the LLC)."
+                     : "Cold: caches flushed before every timed call; routing redrawn per repeat.");
 }
 
 static int bench_moe(int argc, char **argv) {
@@ -125,6 +128,10 @@ static int bench_moe(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--warm")) {
+            o.warm = 1;
+            continue;
         }
         if (!v) return cli_fail(cmd, "%s: missing value (see k3 bench moe -h)", a);
         i++;

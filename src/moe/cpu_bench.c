@@ -483,9 +483,10 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     for (int ti = 0; ti < n_tokens && !rc; ti++) {
         int T = tokens[ti];
         double touched = 0;
+        int tc = 0;
         for (int r = 0; r < warmup + repeats && !rc; r++) {
-            int tc = route(T, k, b.n, &rs, ids, w);
-            flush_and_probe(pool, &pr, NULL);
+            if (!o->warm || r == 0) tc = route(T, k, b.n, &rs, ids, w);
+            if (!o->warm) flush_and_probe(pool, &pr, NULL);
             double s0 = k3_now();
             rc = k3_moe_experts_cpu_isa(&ex, mode, x, T, ids, w, k, y, pool, isa, err);
             double el = k3_now() - s0;
@@ -514,6 +515,7 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     snprintf(env->mode, sizeof env->mode, "%s", o->mode ? o->mode : "w4a16");
     snprintf(env->backend, sizeof env->backend, "%s", o->backend ? o->backend : "cpu");
     env->threads = threads;
+    env->warm = o->warm != 0;
     env->n_experts = E;
     env->top_k = k;
     env->hidden = H;
