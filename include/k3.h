@@ -75,6 +75,9 @@ typedef struct k3_bench_moe_row {
     double t_median_s, t_min_s, t_max_s;
     double weight_bytes;      /* expert weight + scale bytes the call must read (mean) */
     double flops;             /* 2 * tokens * top_k * (3 * H * I gated, 2 * H * I not) */
+    double read_gbs;          /* cold runs: median of the read probes (the cache flushes) taken
+                                 right before each timed call, so the fraction compares like
+                                 with like on a machine whose bandwidth drifts; warm: 0 */
 } k3_bench_moe_row;
 
 typedef struct k3_bench_moe_env {

@@ -66,12 +66,14 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
                env->probe_bytes, env->llc_bytes, env->fma_gflops, env->warm ? "true" : "false");
         for (int i = 0; i < n; i++) {
             const k3_bench_moe_row *r = &rows[i];
+            double bw = r->read_gbs > 0 ? r->read_gbs : env->read_gbs;
             printf("%s{\"tokens\": %d, \"experts_touched\": %.2f, \"median_s\": %.9f, "
                    "\"min_s\": %.9f, \"max_s\": %.9f, \"weight_bytes\": %.0f, \"gbs\": %.3f, "
-                   "\"bw_fraction\": %.4f, \"gflops\": %.3f, \"flop_fraction\": %.4f}",
+                   "\"read_gbs\": %.3f, \"bw_fraction\": %.4f, \"gflops\": %.3f, "
+                   "\"flop_fraction\": %.4f}",
                    i ? ", " : "", r->tokens, r->experts_touched, r->t_median_s, r->t_min_s,
-                   r->t_max_s, r->weight_bytes, r->weight_bytes / r->t_median_s / 1e9,
-                   r->weight_bytes / r->t_median_s / 1e9 / env->read_gbs,
+                   r->t_max_s, r->weight_bytes, r->weight_bytes / r->t_median_s / 1e9, bw,
+                   r->weight_bytes / r->t_median_s / 1e9 / bw,
                    r->flops / r->t_median_s / 1e9, r->flops / r->t_median_s / 1e9 / env->fma_gflops);
         }
         printf("]}\n");
@@ -80,25 +82,27 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
     int csv = !strcmp(fmt, "csv");
     if (csv)
         printf("backend,format,act,isa,threads,tokens,experts_touched,median_ms,min_ms,max_ms,gbs,"
-               "bw_pct,gflops,flop_pct\n");
+               "read_gbs,bw_pct,gflops,flop_pct\n");
     else
         printf("| backend | format | act | isa | threads | tokens | experts | time ms (median) | "
-               "spread ms (min..max) | GB/s | %% of read BW | GFLOP/s | %% of FMA peak |\n"
-               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+               "spread ms (min..max) | GB/s | read BW GB/s | %% of read BW | GFLOP/s | "
+               "%% of FMA peak |\n"
+               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const k3_bench_moe_row *r = &rows[i];
         double gbs = r->weight_bytes / r->t_median_s / 1e9, gfl = r->flops / r->t_median_s / 1e9;
+        double bw = r->read_gbs > 0 ? r->read_gbs : env->read_gbs;
         if (csv)
-            printf("%s,%s,%s,%s,%d,%d,%.1f,%.3f,%.3f,%.3f,%.2f,%.1f,%.2f,%.1f\n", env->backend,
+            printf("%s,%s,%s,%s,%d,%d,%.1f,%.3f,%.3f,%.3f,%.2f,%.2f,%.1f,%.2f,%.1f\n", env->backend,
                    env->format, env->mode, env->isa, env->threads, r->tokens, r->experts_touched,
-                   r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3, gbs,
-                   100 * gbs / env->read_gbs, gfl, 100 * gfl / env->fma_gflops);
+                   r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3, gbs, bw,
+                   100 * gbs / bw, gfl, 100 * gfl / env->fma_gflops);
         else
-            printf("| %s | %s | %s | %s | %d | %d | %.1f | %.3f | %.3f..%.3f | %.2f | %.1f%% | "
+            printf("| %s | %s | %s | %s | %d | %d | %.1f | %.3f | %.3f..%.3f | %.2f | %.2f | %.1f%% | "
                    "%.2f | %.1f%% |\n",
                    env->backend, env->format, env->mode, env->isa, env->threads, r->tokens,
                    r->experts_touched, r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3,
-                   gbs, 100 * gbs / env->read_gbs, gfl, 100 * gfl / env->fma_gflops);
+                   gbs, bw, 100 * gbs / bw, gfl, 100 * gfl / env->fma_gflops);
     }
     if (csv) return;
     printf("\nbuild %s; %s; %d threads. Layer: %d experts, top-%d, H=%d, I=%d, SiTU (4, 25); "
@@ -108,7 +112,8 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
     printf("Experts built in memory: %d of %d (routing is uniform over those %d; %d quantized "
            "from random floats by k3's quantizer, the rest re-randomized copies of their codes).\n",
            env->experts_built, env->n_experts, env->experts_built, env->experts_quantized);
-    printf("Read bandwidth: %.2f GB/s (streaming read of %.2f GB, LLC %.0f MB, same threads); "
+    printf("Read bandwidth: %.2f GB/s at start (streaming read of %.2f GB, LLC %.0f MB, same "
+           "threads; cold rows use the median of the reads just before each timed call); "
            "FMA peak: %.1f GFLOP/s (fp32, %s width). %s\n",
            env->read_gbs, env->probe_bytes / 1e9, env->llc_bytes / 1e6, env->fma_gflops,
            env->isa,

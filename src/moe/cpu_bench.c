@@ -433,7 +433,8 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     float *w = malloc((size_t)Tmax * k * sizeof *w);
     int32_t *ids = malloc((size_t)Tmax * k * sizeof *ids);
     double *times = malloc((size_t)repeats * sizeof *times);
-    if (!pbuf || !x || !y || !w || !ids || !times) {
+    double *bws = malloc((size_t)repeats * sizeof *bws);
+    if (!pbuf || !x || !y || !w || !ids || !times || !bws) {
         rc = k3_fail(err, K3_ERR_NOMEM, "bench: out of memory (probe %.1f GB, %d tokens)",
                      (double)pbytes / 1e9, Tmax);
         goto done;
@@ -486,17 +487,20 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         int tc = 0;
         for (int r = 0; r < warmup + repeats && !rc; r++) {
             if (!o->warm || r == 0) tc = route(T, k, b.n, &rs, ids, w);
-            if (!o->warm) flush_and_probe(pool, &pr, NULL);
+            double g = 0;
+            if (!o->warm) flush_and_probe(pool, &pr, &g);
             double s0 = k3_now();
             rc = k3_moe_experts_cpu_isa(&ex, mode, x, T, ids, w, k, y, pool, isa, err);
             double el = k3_now() - s0;
             if (r >= warmup) {
                 times[r - warmup] = el;
+                bws[r - warmup] = g;
                 touched += tc;
             }
         }
         if (rc) break;
         qsort(times, (size_t)repeats, sizeof *times, cmp_double);
+        qsort(bws, (size_t)repeats, sizeof *bws, cmp_double);
         k3_bench_moe_row *row = &rows[ti];
         row->tokens = T;
         row->experts_touched = touched / repeats;
@@ -506,6 +510,7 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         row->t_max_s = times[repeats - 1];
         row->weight_bytes = row->experts_touched * (double)b.bytes;
         row->flops = 2.0 * T * k * 3.0 * H * I;
+        row->read_gbs = repeats % 2 ? bws[repeats / 2] : 0.5 * (bws[repeats / 2 - 1] + bws[repeats / 2]);
     }
     free(alpha);
     free(beta);
@@ -533,6 +538,7 @@ done:
     free(w);
     free(ids);
     free(times);
+    free(bws);
     k3_threadpool_free(pool);
     return rc;
 }
