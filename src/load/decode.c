@@ -8,30 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const ldt_names[K3_LDT_COUNT] = {
-    [K3_LDT_OTHER] = "other", [K3_LDT_U8] = "U8",     [K3_LDT_F8_E4M3] = "F8_E4M3",
-    [K3_LDT_F8_E5M2] = "F8_E5M2", [K3_LDT_F8_E8M0] = "F8_E8M0", [K3_LDT_BF16] = "BF16",
-    [K3_LDT_F16] = "F16",     [K3_LDT_F32] = "F32",
-};
-
-k3_ldt k3_ldt_from_name(const char *s) {
-    for (int t = 1; t < K3_LDT_COUNT; t++)
-        if (s && !strcmp(s, ldt_names[t])) return (k3_ldt)t;
-    return K3_LDT_OTHER;
-}
-
-const char *k3_ldt_name(k3_ldt t) {
-    return t >= 0 && t < K3_LDT_COUNT ? ldt_names[t] : "invalid";
-}
-
-const char *k3_decl_name(k3_decl d) {
-    static const char *const n[K3_DECL_COUNT] = {
-        [K3_DECL_NONE] = "unquantized", [K3_DECL_NVFP4] = "NVFP4 (ModelOpt)",
-        [K3_DECL_NVFP4_CT] = "NVFP4 (compressed-tensors)", [K3_DECL_MXFP4] = "MXFP4",
-        [K3_DECL_FP8_BLOCK] = "FP8 block-scaled"};
-    return d >= 0 && d < K3_DECL_COUNT ? n[d] : "invalid";
-}
-
 const char *k3_shape_str(int rank, const int64_t *shape, char *buf, size_t size) {
     size_t n = 0;
     n += (size_t)snprintf(buf, size, "[");
@@ -41,9 +17,7 @@ const char *k3_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
     return buf;
 }
 
-static const char *tdt(const k3_tview *t) {
-    return t->dtype_name ? t->dtype_name : k3_ldt_name(t->dtype);
-}
+static const char *tdt(const k3_tview *t) { return k3_dtype_name(t->dtype); }
 
 static bool shape_is(const k3_tview *t, int rank, const int64_t *shape) {
     if (t->rank != rank) return false;
@@ -65,10 +39,10 @@ int k3_decode_plain(const k3_tview *t, unsigned allowed, int rank, const int64_t
                     k3_error *err) {
     if (!(allowed & (1u << t->dtype)) || !shape_is(t, rank, shape)) {
         char want[64] = "";
-        for (int d = 1; d < K3_LDT_COUNT; d++)
+        for (int d = 1; d < K3_DTYPE_COUNT && d < 32; d++)
             if (allowed & (1u << d)) {
                 if (want[0]) strncat(want, "|", sizeof want - strlen(want) - 1);
-                strncat(want, ldt_names[d], sizeof want - strlen(want) - 1);
+                strncat(want, k3_dtype_name((k3_dtype)d), sizeof want - strlen(want) - 1);
             }
         return mismatch(t, (allowed & (1u << t->dtype)) != 0, want, rank, shape, err);
     }
@@ -78,12 +52,12 @@ int k3_decode_plain(const k3_tview *t, unsigned allowed, int rank, const int64_t
 int k3_decode_scalar(const k3_tview *t, float *out, k3_error *err) {
     bool one = t->rank == 0 || (t->rank == 1 && t->shape[0] == 1);
     float v;
-    if (t->dtype == K3_LDT_F32 && one && t->nbytes == 4) {
+    if (t->dtype == K3_DTYPE_F32 && one && t->nbytes == 4) {
         memcpy(&v, t->data, 4);
-    } else if ((t->dtype == K3_LDT_BF16 || t->dtype == K3_LDT_F16) && one && t->nbytes == 2) {
+    } else if ((t->dtype == K3_DTYPE_BF16 || t->dtype == K3_DTYPE_F16) && one && t->nbytes == 2) {
         uint16_t h;
         memcpy(&h, t->data, 2);
-        v = t->dtype == K3_LDT_BF16 ? k3_bf16_to_f32(h) : k3_f16_to_f32(h);
+        v = t->dtype == K3_DTYPE_BF16 ? k3_bf16_to_f32(h) : k3_f16_to_f32(h);
     } else {
         char b[96];
         return k3_fail(err, one ? K3_ERR_DTYPE : K3_ERR_SHAPE,
@@ -112,11 +86,11 @@ static const k3_tview *get(const dctx *c, const char *suffix) {
     return t;
 }
 
-static const k3_tview *need(const dctx *c, const char *suffix, k3_decl decl, k3_error *err) {
+static const k3_tview *need(const dctx *c, const char *suffix, k3_qscheme decl, k3_error *err) {
     const k3_tview *t = get(c, suffix);
     if (!t)
         k3_fail(err, K3_ERR_MISSING, "%s.%s: missing (required by the %s declaration)", c->module,
-                suffix, k3_decl_name(decl));
+                suffix, k3_qscheme_name(decl));
     return t;
 }
 
@@ -132,19 +106,19 @@ static int check_byte_scales(const k3_tview *t, bool e8m0, k3_error *err) {
     return K3_OK;
 }
 
-static int decode_nvfp4(const dctx *c, k3_decl decl, const k3_tview *w, int64_t rows,
+static int decode_nvfp4(const dctx *c, k3_qscheme decl, const k3_tview *w, int64_t rows,
                         int64_t cols, k3_qmat *out, k3_error *err) {
     if (cols % 16)
         return k3_fail(err, K3_ERR_SHAPE, "%s: NVFP4 needs in_features %% 16 == 0, found %lld",
                        w->name, (long long)cols);
     int64_t ws[2] = {rows, cols / 2}, ss[2] = {rows, cols / 16};
-    int rc = k3_decode_plain(w, 1u << K3_LDT_U8, 2, ws, err);
+    int rc = k3_decode_plain(w, 1u << K3_DTYPE_U8, 2, ws, err);
     if (rc) return rc;
     const k3_tview *s = need(c, "weight_scale", decl, err);
     if (!s) return err ? err->status : K3_ERR_MISSING;
-    if ((rc = k3_decode_plain(s, 1u << K3_LDT_F8_E4M3, 2, ss, err))) return rc;
+    if ((rc = k3_decode_plain(s, 1u << K3_DTYPE_F8_E4M3, 2, ss, err))) return rc;
     if ((rc = check_byte_scales(s, false, err))) return rc;
-    bool ct = decl == K3_DECL_NVFP4_CT;
+    bool ct = decl == K3_QS_NVFP4_CT;
     const k3_tview *g = need(c, ct ? "weight_global_scale" : "weight_scale_2", decl, err);
     if (!g) return err ? err->status : K3_ERR_MISSING;
     float gv, iv = 0;
@@ -169,11 +143,11 @@ static int decode_mxfp4(const dctx *c, const k3_tview *w, int64_t rows, int64_t 
         return k3_fail(err, K3_ERR_SHAPE, "%s: MXFP4 needs in_features %% 32 == 0, found %lld",
                        w->name, (long long)cols);
     int64_t ws[2] = {rows, cols / 2}, ss[2] = {rows, cols / 32};
-    int rc = k3_decode_plain(w, 1u << K3_LDT_U8, 2, ws, err);
+    int rc = k3_decode_plain(w, 1u << K3_DTYPE_U8, 2, ws, err);
     if (rc) return rc;
-    const k3_tview *s = need(c, "weight_scale", K3_DECL_MXFP4, err);
+    const k3_tview *s = need(c, "weight_scale", K3_QS_MXFP4, err);
     if (!s) return err ? err->status : K3_ERR_MISSING;
-    if ((rc = k3_decode_plain(s, (1u << K3_LDT_U8) | (1u << K3_LDT_F8_E8M0), 2, ss, err)))
+    if ((rc = k3_decode_plain(s, (1u << K3_DTYPE_U8) | (1u << K3_DTYPE_F8_E8M0), 2, ss, err)))
         return rc;
     if ((rc = check_byte_scales(s, true, err))) return rc;
     *out = (k3_qmat){.fmt = K3_WFMT_MXFP4, .rows = rows, .cols = cols, .data = w->data,
@@ -184,7 +158,7 @@ static int decode_mxfp4(const dctx *c, const k3_tview *w, int64_t rows, int64_t 
 static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t cols,
                       k3_qmat *out, k3_error *err) {
     int64_t ws[2] = {rows, cols};
-    int rc = k3_decode_plain(w, 1u << K3_LDT_F8_E4M3, 2, ws, err);
+    int rc = k3_decode_plain(w, 1u << K3_DTYPE_F8_E4M3, 2, ws, err);
     if (rc) return rc;
     const k3_tview *s1 = get(c, "weight_scale"), *s2 = get(c, "weight_scale_inv");
     if (s1 && s2)
@@ -196,8 +170,8 @@ static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t co
                        "or .weight_scale_inv)", w->name, c->module);
     int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
     int64_t s2d[2] = {br, bc}, s4d[4] = {br, 1, bc, 1};
-    if (s->dtype != K3_LDT_F32 || !(shape_is(s, 2, s2d) || shape_is(s, 4, s4d)))
-        return mismatch(s, s->dtype == K3_LDT_F32, "F32", s->rank == 4 ? 4 : 2, s->rank == 4 ? s4d : s2d, err);
+    if (s->dtype != K3_DTYPE_F32 || !(shape_is(s, 2, s2d) || shape_is(s, 4, s4d)))
+        return mismatch(s, s->dtype == K3_DTYPE_F32, "F32", s->rank == 4 ? 4 : 2, s->rank == 4 ? s4d : s2d, err);
     const float *sv = s->data;
     for (int64_t i = 0; i < br * bc; i++) {
         float v;
@@ -211,35 +185,38 @@ static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t co
     return K3_OK;
 }
 
-int k3_decode_linear(const char *module, k3_decl decl, int64_t rows, int64_t cols,
+int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t rows, int64_t cols,
                      k3_tview_find_fn find, void *ctx, void (*mark)(void *, const char *),
                      k3_qmat *out, k3_error *err) {
     dctx c = {module, find, ctx, mark};
+    if (decl == K3_QS_OTHER || decl < 0 || decl >= K3_QS_COUNT)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: declared with a quantization k3 does not "
+                       "decode", module);
     if (rows < 1 || cols < 1)
         return k3_fail(err, K3_ERR_SHAPE, "%s: expected a positive shape, found [%lld,%lld]",
                        module, (long long)rows, (long long)cols);
-    bool packed_name = decl == K3_DECL_NVFP4_CT || decl == K3_DECL_MXFP4;
+    bool packed_name = decl == K3_QS_NVFP4_CT || decl == K3_QS_MXFP4;
     const k3_tview *w = get(&c, packed_name ? "weight_packed" : "weight");
     if (!w) {
         const k3_tview *other = get(&c, packed_name ? "weight" : "weight_packed");
         if (other)
             return k3_fail(err, K3_ERR_FORMAT, "%s: found, but the %s declaration stores %s.%s",
-                           other->name, k3_decl_name(decl), module,
+                           other->name, k3_qscheme_name(decl), module,
                            packed_name ? "weight_packed" : "weight");
         return k3_fail(err, K3_ERR_MISSING, "%s.%s: missing", module,
                        packed_name ? "weight_packed" : "weight");
     }
     int64_t shape[2] = {rows, cols};
     switch (w->dtype) {
-    case K3_LDT_BF16:
-    case K3_LDT_F16:
-    case K3_LDT_F32:
+    case K3_DTYPE_BF16:
+    case K3_DTYPE_F16:
+    case K3_DTYPE_F32:
         /* A plain weight decodes unambiguously; it is accepted where nothing or FP8 blocks are
          * declared (TensorRT-LLM keeps e.g. b_proj BF16 under an FP8 declaration). A 4-bit
          * declaration with a plain weight is an inconsistent checkpoint. */
-        if (decl != K3_DECL_NONE && decl != K3_DECL_FP8_BLOCK)
+        if (decl != K3_QS_NONE && decl != K3_QS_FP8_BLOCK && !plain_ok)
             return k3_fail(err, K3_ERR_DTYPE, "%s: expected U8 (declared %s), found %s", w->name,
-                           k3_decl_name(decl), tdt(w));
+                           k3_qscheme_name(decl), tdt(w));
         if (get(&c, "weight_scale") || get(&c, "weight_scale_inv"))
             return k3_fail(err, K3_ERR_FORMAT, "%s: a %s weight with a block-scale sibling",
                            w->name, tdt(w));
@@ -247,14 +224,14 @@ int k3_decode_linear(const char *module, k3_decl decl, int64_t rows, int64_t col
             int rc = k3_decode_plain(w, 1u << w->dtype, 2, shape, err);
             if (rc) return rc;
         }
-        *out = (k3_qmat){.fmt = w->dtype == K3_LDT_BF16  ? K3_WFMT_BF16
-                                : w->dtype == K3_LDT_F16 ? K3_WFMT_F16
+        *out = (k3_qmat){.fmt = w->dtype == K3_DTYPE_BF16  ? K3_WFMT_BF16
+                                : w->dtype == K3_DTYPE_F16 ? K3_WFMT_F16
                                                          : K3_WFMT_F32,
                          .rows = rows, .cols = cols, .data = w->data, .global_scale = 1.0f};
         return K3_OK;
-    case K3_LDT_F8_E4M3:
-        if (decl == K3_DECL_FP8_BLOCK) return decode_fp8(&c, w, rows, cols, out, err);
-        if (decl == K3_DECL_NONE) {
+    case K3_DTYPE_F8_E4M3:
+        if (decl == K3_QS_FP8_BLOCK) return decode_fp8(&c, w, rows, cols, out, err);
+        if (decl == K3_QS_NONE) {
             if (!get(&c, "weight_scale") && !get(&c, "weight_scale_inv"))
                 return k3_fail(err, K3_ERR_MISSING,
                                "%s: F8_E4M3 weight without its scale (%s.weight_scale or "
@@ -264,19 +241,20 @@ int k3_decode_linear(const char *module, k3_decl decl, int64_t rows, int64_t col
                            "declaration owns", w->name);
         }
         return k3_fail(err, K3_ERR_DTYPE, "%s: expected U8 (declared %s), found F8_E4M3", w->name,
-                       k3_decl_name(decl));
-    case K3_LDT_U8:
-        if (decl == K3_DECL_NVFP4 || decl == K3_DECL_NVFP4_CT)
+                       k3_qscheme_name(decl));
+    case K3_DTYPE_U8:
+        if (decl == K3_QS_NVFP4 || decl == K3_QS_NVFP4_CT)
             return decode_nvfp4(&c, decl, w, rows, cols, out, err);
-        if (decl == K3_DECL_MXFP4) return decode_mxfp4(&c, w, rows, cols, out, err);
-        if (decl == K3_DECL_NONE)
+        if (decl == K3_QS_MXFP4) return decode_mxfp4(&c, w, rows, cols, out, err);
+        if (decl == K3_QS_NONE)
             return k3_fail(err, K3_ERR_FORMAT,
                            "%s: quantized tensor (U8 packed) that no quantization declaration owns",
                            w->name);
         return k3_fail(err, K3_ERR_DTYPE, "%s: expected F8_E4M3 (declared %s), found U8", w->name,
-                       k3_decl_name(decl));
+                       k3_qscheme_name(decl));
     default:
-        return k3_fail(err, K3_ERR_DTYPE, "%s: dtype %s is not a weight format k3 reads", w->name,
-                       tdt(w));
+        break;
     }
+    return k3_fail(err, K3_ERR_DTYPE, "%s: dtype %s is not a weight format k3 reads", w->name,
+                   tdt(w));
 }
