@@ -49,6 +49,7 @@ typedef struct k3_tiny_opts {
     int n_threads;         /* 0: all online CPUs */
     int n_shards;          /* 0: the preset's default */
     bool progress;         /* a \r progress line on stderr */
+    const k3_model_config *custom; /* non-NULL: this model instead of the preset (tests) */
 } k3_tiny_opts;
 
 int k3_make_tiny(const k3_tiny_opts *o, k3_error *err);

@@ -256,6 +256,17 @@ static int write_json(const char *dir, const char *file, cJSON *j, k3_error *err
     return rc;
 }
 
+/* A deep copy (the layer plan is owned). */
+static int k3_model_config_copy(k3_model_config *dst, const k3_model_config *src, k3_error *err) {
+    *dst = *src;
+    dst->layers = malloc((size_t)src->num_hidden_layers * sizeof *dst->layers);
+    if (!dst->layers) return k3_fail(err, K3_ERR_NOMEM, "make-tiny: out of memory");
+    memcpy(dst->layers, src->layers, (size_t)src->num_hidden_layers * sizeof *dst->layers);
+    int rc = k3_model_config_validate(dst, "make-tiny custom config", err);
+    if (rc) free(dst->layers), dst->layers = NULL;
+    return rc;
+}
+
 static k3_dtype plain_dtype_of(k3_role r) {
     switch (r) {
     case K3_R_KDA_A_LOG: case K3_R_KDA_DT_BIAS: case K3_R_KDA_CONV: case K3_R_ROUTER_BIAS:
@@ -320,7 +331,7 @@ int k3_make_tiny(const k3_tiny_opts *o, k3_error *err) {
     k3_plan plan = {0};
     item *items = NULL;
     cJSON *inl = NULL, *hf = NULL;
-    int rc = k3_tiny_config(o->preset, &mc, err);
+    int rc = o->custom ? k3_model_config_copy(&mc, o->custom, err) : k3_tiny_config(o->preset, &mc, err);
     if (rc) return rc;
     k3_quant_config_init(&qc);
     if ((rc = k3_tiny_quant(o->format, &mc, &qc, err))) goto done;
