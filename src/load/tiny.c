@@ -136,3 +136,16 @@ int k3_tiny_quant(k3_tiny_format fmt, const k3_model_config *mc, k3_quant_config
         return k3_fail(err, K3_ERR_ARG, "make-tiny: format: unknown format %d", (int)fmt);
     }
 }
+
+int k3_make_tiny_checkpoint(const k3_make_tiny_opts *o, k3_error *err) {
+    if (!o) return k3_fail(err, K3_ERR_ARG, "make-tiny: options: missing");
+    k3_tiny_opts t = {.dir = o->dir, .seed = o->seed, .n_threads = o->n_threads,
+                      .progress = o->progress != 0};
+    if (k3_tiny_format_parse(o->format ? o->format : "nvfp4", &t.format))
+        return k3_fail(err, K3_ERR_ARG, "make-tiny: --format: expected nvfp4|nvfp4-ct|mxfp4|bf16, "
+                       "found '%s'", o->format);
+    if (k3_tiny_preset_parse(o->preset ? o->preset : "tiny", &t.preset))
+        return k3_fail(err, K3_ERR_ARG, "make-tiny: --preset: expected tiny|small|k3-layer, found "
+                       "'%s'", o->preset);
+    return k3_make_tiny(&t, err);
+}
