@@ -199,12 +199,18 @@ int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t
     const k3_tview *w = get(&c, packed_name ? "weight_packed" : "weight");
     if (!w) {
         const k3_tview *other = get(&c, packed_name ? "weight" : "weight_packed");
-        if (other)
+        bool plain = other && (other->dtype == K3_DTYPE_BF16 || other->dtype == K3_DTYPE_F16 ||
+                               other->dtype == K3_DTYPE_F32);
+        /* compressed-tensors keeps the plain name for a module its class target leaves
+         * unquantized */
+        if (packed_name && plain && plain_ok) w = other;
+        else if (other)
             return k3_fail(err, K3_ERR_FORMAT, "%s: found, but the %s declaration stores %s.%s",
                            other->name, k3_qscheme_name(decl), module,
                            packed_name ? "weight_packed" : "weight");
-        return k3_fail(err, K3_ERR_MISSING, "%s.%s: missing", module,
-                       packed_name ? "weight_packed" : "weight");
+        else
+            return k3_fail(err, K3_ERR_MISSING, "%s.%s: missing", module,
+                           packed_name ? "weight_packed" : "weight");
     }
     int64_t shape[2] = {rows, cols};
     switch (w->dtype) {
