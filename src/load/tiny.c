@@ -35,11 +35,11 @@ typedef struct dims {
 static const dims preset_dims[K3_TINY_PRESET_COUNT] = {
     /* tiny: 4 layers (KDA 1-3, MLA 4, 1-indexed), 16 experts top-4 */
     {1024, 256, 4, 512, 4, 64, 32, 32, 16, 32, 4, 32, 16, 4, 1, 64, 128, 2, 1},
-    /* small: 8 layers (MLA 4 and 8), 32 experts top-4 */
-    {1024, 1024, 8, 2048, 8, 256, 128, 64, 32, 64, 8, 64, 32, 4, 2, 256, 512, 4, 1},
+    /* small: 6 layers (MLA 4 and 6), 32 experts top-4 */
+    {1024, 1024, 6, 2048, 8, 256, 128, 64, 32, 64, 8, 64, 32, 4, 2, 192, 512, 4, 1},
     /* k3-layer: one K3 MoE layer (KDA attention) at full width; a small vocabulary keeps the
      * embedding out of the way of the expert bytes it exists to benchmark */
-    {1024, 7168, 1, 33792, 96, 1536, 512, 128, 64, 128, 96, 128, 896, 16, 2, 3072, 3584, 12, 0},
+    {1024, 7168, 1, 33792, 96, 1536, 512, 128, 64, 128, 96, 128, 896, 16, 2, 3072, 3584, 1, 0},
 };
 
 int k3_tiny_config(k3_tiny_preset preset, k3_model_config *mc, k3_error *err) {

@@ -53,6 +53,8 @@ typedef struct k3_tiny_opts {
 } k3_tiny_opts;
 
 int k3_make_tiny(const k3_tiny_opts *o, k3_error *err);
+/* The tensor bytes make-tiny would write for o (nothing is written; o->dir may be NULL). */
+int k3_tiny_bytes(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err);
 
 /* The generator's values, exposed so tests can re-derive what make-tiny quantized: the
  * float matrix of tensor `name` ([rows, cols], role decides the distribution). */

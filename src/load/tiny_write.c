@@ -185,6 +185,8 @@ static int produce(const item *it, uint64_t seed, int64_t kda_heads, void **bufs
     return rc;
 }
 
+static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err);
+
 /* ---- the run ----------------------------------------------------------------------- */
 
 typedef struct run {
@@ -201,13 +203,14 @@ typedef struct run {
     k3_error err;
     uint64_t done_bytes, total_bytes;
     double t0, last;
-    bool progress;
+    bool progress, printed;
 } run;
 
 static void progress_line(run *R, bool final) {
     double now = k3_now(), dt = now - R->t0;
-    if (!R->progress || (!final && (now - R->last < 0.5 || dt < 1.0))) return;
-    R->last = now;
+    if (!R->progress || (!final && (now - R->last < 0.5 || dt < 1.0)) || (final && !R->printed))
+        return;
+    R->last = now, R->printed = true;
     double gbs = dt > 0 ? (double)R->done_bytes / dt / 1e9 : 0;
     double eta = gbs > 0 ? (double)(R->total_bytes - R->done_bytes) / 1e9 / gbs : 0;
     fprintf(stderr, "\rk3: make-tiny: %.2f / %.2f GB, %.2f GB/s, ETA %.0f s   ",
@@ -322,9 +325,16 @@ static int write_shards(run *R, const char *dir, int n_shards, int n_threads, k3
     return rc;
 }
 
-int k3_make_tiny(const k3_tiny_opts *o, k3_error *err) {
-    if (!o || !o->dir) return k3_fail(err, K3_ERR_ARG, "make-tiny: dir: missing");
-    if (mkdir(o->dir, 0755) && errno != EEXIST)
+int k3_make_tiny(const k3_tiny_opts *o, k3_error *err) { return k3_tiny_run(o, NULL, err); }
+
+int k3_tiny_bytes(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
+    return k3_tiny_run(o, bytes, err);
+}
+
+/* bytes non-NULL: a dry run that only sizes the tensors. */
+static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
+    if (!o || (!o->dir && !bytes)) return k3_fail(err, K3_ERR_ARG, "make-tiny: dir: missing");
+    if (!bytes && mkdir(o->dir, 0755) && errno != EEXIST)
         return k3_fail(err, K3_ERR_IO, "%s: %s", o->dir, strerror(errno));
     k3_model_config mc;
     k3_quant_config qc;
@@ -366,6 +376,10 @@ int k3_make_tiny(const k3_tiny_opts *o, k3_error *err) {
         total += it->bytes;
     }
     if (rc) goto done;
+    if (bytes) {
+        *bytes = total;
+        goto done;
+    }
     int n_shards = o->n_shards > 0 ? o->n_shards : o->preset == K3_TINY_TINY ? 3 : o->preset == K3_TINY_SMALL ? 4 : 8;
     uint64_t acc = 0;
     for (size_t i = 0; i < plan.n; i++) {
