@@ -16,7 +16,8 @@
  * spelled out at each function. Exponents ceil(log2(.)) are computed exactly from the bits
  * (torch's float log2 can round 2^k(1+2^-23) down to k for |k| >= 4; k3 does not).
  *
- * Weight quantizers reject NaN/Inf elements (K3_ERR_NUMERIC naming row and column).
+ * Weight quantizers reject NaN/Inf elements (K3_ERR_NUMERIC naming row and column); on any
+ * failure their outputs may be partly written and must be discarded.
  * Activation quantizers run per token and cannot fail: a block holding NaN or Inf gets a
  * NaN scale code (E4M3 0x7F, E8M0 0xFF), so its dequantized values are NaN, never finite. */
 #ifndef K3_BLOCK_H

@@ -390,12 +390,13 @@ def test_mxfp8_nan_block(tmp_path):
     assert np.all(got["data"][32:] == 0x7F) and np.all(np.isnan(got["deq"][0, 32:]))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("shape", [(1, 1), (5, 130), (128, 128), (200, 300), (129, 64)])
+FP8_CASES = [(k, sh) for sh in [(1, 1), (5, 130), (128, 128), (200, 300), (129, 64)]
+             for k in KINDS if sh[1] % 16 == 0 or k not in ("mixed", "grid")]  # those need cols % 16
+
+
+@pytest.mark.parametrize("kind,shape", FP8_CASES)
 def test_fp8_block_bit_exact(tmp_path, kind, shape):
     rng = rng_for(("fp8", kind, shape))
-    if kind in ("mixed", "grid") and shape[1] % 16:
-        pytest.skip("these generators need cols % 16 == 0")
     w = make_inputs(rng, *shape, kind)
     data, scales, deq = fp8_block(w)
     got, err = run_k3(tmp_path, "fp8-block", w)
@@ -431,3 +432,44 @@ def test_nvfp4_act_scale_rounding_order(tmp_path):
     assert got is not None, err
     check(got["scales"], s, "scales")
     check(got["data"], packed, "data")
+
+
+def test_code_coverage(tmp_path):
+    """Every E4M3 scale code 0x01..0x7E and every E2M1 code come out of the NVFP4 weight
+    quantizer; every finite E4M3 code out of MXFP8; E8M0 bytes 0..252 out of MXFP4 (253
+    and up need amax > FLT_MAX). Each is checked bit-exact against the oracle as well."""
+    rng = rng_for("coverage")
+    pos = E4M3_POS[1:]  # the 126 nonzero positive scale values
+    blocks = rng.uniform(-1, 1, (pos.size, 16)) * (6 * pos)[:, None]
+    blocks[:, 3] = 6 * pos  # block amax = 6 * scale with weight_scale_2 = 1
+    blocks[:, 4] = -1e-3 * pos  # rounds to code 8 (-0)
+    w = blocks.astype(F32).reshape(-1, 32)
+    packed, s, _, _ = nvfp4_weight(w, F32(1.0))
+    got, err = run_k3(tmp_path, "nvfp4-w-gs", w, 1.0)
+    assert got is not None, err
+    check(got["scales"], s, "scales")
+    check(got["data"], packed, "data")
+    assert set(got["scales"].tolist()) == set(range(1, 0x7F))
+    assert set(unpack(got["data"]).ravel().tolist()) == set(range(16))
+
+    finite = np.array([c for c in range(256) if (c & 0x7F) != 0x7F], dtype=np.uint8)
+    # 31 codes per block plus 448, so every block's exponent is 0 and codes map to themselves
+    cs = np.concatenate([finite, np.zeros(-finite.size % 31, np.uint8)]).reshape(-1, 31)
+    cs = np.concatenate([cs, np.full((cs.shape[0], 1), 0x7E, np.uint8)], axis=1)
+    x = E4M3[cs].astype(F32).reshape(1, -1)
+    codes, sc, _ = mxfp8(x)
+    got, err = run_k3(tmp_path, "mxfp8", x)
+    assert got is not None, err
+    check(got["data"], codes, "data")
+    check(got["scales"], sc, "scales")
+    assert np.array_equal(got["data"], cs.ravel())
+    assert set(got["data"].tolist()) == set(finite.tolist())
+
+    e = np.arange(-127, 126)
+    w = (rng.uniform(-1, 1, (e.size, 32)) * np.ldexp(6.0, e)[:, None]).astype(F32)
+    w[:, 0] = np.ldexp(6.0, e)
+    _, sc, _ = mxfp4(w.reshape(-1, 32))
+    got, err = run_k3(tmp_path, "mxfp4", w.reshape(-1, 32))
+    assert got is not None, err
+    check(got["scales"], sc, "scales")
+    assert set(got["scales"].tolist()) == set(range(0, 253))
