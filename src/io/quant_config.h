@@ -56,6 +56,7 @@ typedef enum k3_qsource {
 typedef struct k3_qlayer {
     char *name;          /* module name as written */
     char *algo;          /* canonical (see above); NULL when the entry has none */
+    char *as_written;    /* the algo string as the file spells it (the writer keeps it) */
     int64_t group_size;  /* -1 when absent */
 } k3_qlayer;
 
@@ -92,7 +93,7 @@ typedef struct k3_quant_config {
     k3_ct_group *groups;
     size_t n_groups;
     bool inline_diverges;   /* the inline copy disagreed with hf_quant_config.json */
-    char divergence[512];   /* the first difference, as warned */
+    char divergence[1024];  /* the first difference, as warned */
     char *producer_version; /* ModelOpt producer.version, or NULL */
 } k3_quant_config;
 
@@ -140,6 +141,13 @@ int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *ou
  * every per-expert entry below them; disagreeing declarations are an error naming both. */
 int k3_quant_resolve_experts(const k3_quant_config *qc, int64_t layer, k3_qdecl *out,
                              k3_error *err);
+
+/* Patterns: "re:..." is a PCRE2 pattern, matched anchored at the start of the name (as
+ * Python's re.match); anything else matches the whole name with `*` as the only wildcard
+ * (any run of characters, dots included). compile reports a bad regex by pattern. */
+int k3_qpattern_compile(k3_qpattern *p, const char *text, const char *what, k3_error *err);
+bool k3_qpattern_match(const k3_qpattern *p, const char *name);
+void k3_qpattern_free(k3_qpattern *p);
 
 /* ---- building and writing (make-tiny, quantize) ---------------------------------- */
 
