@@ -211,6 +211,19 @@ static void test_experts_per_layer(void **state) {
     assert_int_equal(d.group_size, 32);
     assert_int_equal(k3_quant_resolve_experts(&qc, -1, &d, &e), K3_ERR_ARG);
     k3_quant_config_free(&qc);
+    /* experts excluded and declared nowhere: plain, not the MXFP4 default */
+    qc = parse_ok("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\": {"
+                  " \"model.layers.1.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\"}},"
+                  " \"exclude_modules\": [\"model.layers.6.block_sparse_moe.experts\"]}}",
+                  NULL);
+    assert_int_equal(k3_quant_resolve_experts(&qc, 6, &d, &e), K3_OK);
+    assert_int_equal(d.scheme, K3_QS_NONE);
+    assert_false(d.defaulted);
+    assert_string_equal(d.matched, "model.layers.6.block_sparse_moe.experts");
+    assert_int_equal(k3_quant_resolve_experts(&qc, 1, &d, &e), K3_OK);
+    assert_int_equal(d.scheme, K3_QS_NVFP4);
+    assert_int_equal(d.group_size, 16); /* absent group_size: the format's own */
+    k3_quant_config_free(&qc);
     /* disagreeing declarations of one layer's experts are an error naming both */
     qc = parse_ok("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\": {"
                   " \"model.layers.5.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
@@ -263,6 +276,12 @@ static void test_ct_mxfp4_original(void **state) {
     k3_qdecl d = resolve(&qc, "language_model.model.layers.1.block_sparse_moe.experts.5.w1");
     assert_int_equal(d.scheme, K3_QS_MXFP4);
     assert_true(d.by_class); /* targets Linear */
+    /* re: is anchored at the start of the name (Python re.match), not a search */
+    k3_qpattern p;
+    assert_int_equal(k3_qpattern_compile(&p, "re:lm_head", "t", &e), K3_OK);
+    assert_true(k3_qpattern_match(&p, "lm_head"));
+    assert_false(k3_qpattern_match(&p, "language_model.lm_head"));
+    k3_qpattern_free(&p);
     assert_int_equal(d.group_size, 32);
     assert_int_equal(k3_quant_resolve_experts(&qc, 7, &d, &e), K3_OK);
     assert_int_equal(d.scheme, K3_QS_MXFP4);
