@@ -1,12 +1,14 @@
 /* config.json parsing: the released Kimi K3 (wrapper) and Kimi-Linear-48B values parse to
  * the right struct and plan; every missing, out-of-range or inconsistent field is an error
  * naming it; the writer round-trips. Fixtures: tests/data/configs (run from the repo root). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
-#include <math.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,8 @@ static cJSON *load(const char *name) {
     char path[256];
     snprintf(path, sizeof path, DATA "%s", name);
     int rc = k3_json_parse_file(&root, path, 1 << 20, &e);
-    if (rc) fail_msg("%s", e.msg);
+    if (rc)
+        fail_msg("%s", e.msg);
     return root;
 }
 
@@ -122,9 +125,9 @@ static void test_kimi_linear_values(void **state) {
     assert_int_equal(mc.hidden_act, K3_ACT_SILU);
     assert_int_equal(mc.q_lora_rank, 0); /* null: plain q_proj */
     assert_false(mc.mla_use_output_gate);
-    assert_false(mc.kda_full_rank_gate); /* low-rank g_a/g_b */
-    assert_false(mc.kda_has_lower_bound); /* softplus decay */
-    assert_int_equal(mc.attn_res_block_size, 0); /* plain residuals */
+    assert_false(mc.kda_full_rank_gate);               /* low-rank g_a/g_b */
+    assert_false(mc.kda_has_lower_bound);              /* softplus decay */
+    assert_int_equal(mc.attn_res_block_size, 0);       /* plain residuals */
     assert_int_equal(mc.routed_expert_hidden_size, 0); /* experts at full width */
     assert_false(mc.latent_moe_use_norm);
     assert_int_equal(mc.num_experts, 256);
@@ -139,7 +142,8 @@ static void test_kimi_linear_values(void **state) {
     assert_int_equal(mc.layers[26].attn, K3_ATTN_MLA);
     assert_int_equal(mc.layers[25].attn, K3_ATTN_KDA);
     assert_int_equal(mc.layers[3].attn, K3_ATTN_MLA);
-    for (int l = 0; l < 27; l++) assert_false(mc.layers[l].res_block_start);
+    for (int l = 0; l < 27; l++)
+        assert_false(mc.layers[l].res_block_start);
     k3_model_config_free(&mc);
     cJSON_Delete(root);
 }
@@ -148,10 +152,11 @@ static void test_kimi_linear_values(void **state) {
 static void test_missing_fields(void **state) {
     (void)state;
     static const char *const req[] = {
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-        "v_head_dim", "num_experts", "num_experts_per_token", "moe_intermediate_size",
-        "linear_attn_config", "activation_situ_beta", "activation_situ_linear_beta",
+        "vocab_size",         "hidden_size",           "intermediate_size",
+        "num_hidden_layers",  "num_attention_heads",   "kv_lora_rank",
+        "qk_nope_head_dim",   "qk_rope_head_dim",      "v_head_dim",
+        "num_experts",        "num_experts_per_token", "moe_intermediate_size",
+        "linear_attn_config", "activation_situ_beta",  "activation_situ_linear_beta",
         "model_type"};
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
         cJSON *root = load("kimi_k3.json");
@@ -195,14 +200,22 @@ static void test_bounds(void **state) {
         const char *key;
         double v;
     } bad[] = {
-        {"num_hidden_layers", K3_MAX_LAYERS + 1}, {"num_hidden_layers", 0},
-        {"num_experts", K3_MAX_EXPERTS + 1},      {"num_experts", -1},
-        {"num_attention_heads", K3_MAX_HEADS + 1}, {"hidden_size", K3_MAX_HIDDEN + 1},
-        {"vocab_size", K3_MAX_VOCAB + 1},         {"v_head_dim", K3_MAX_HEAD_DIM + 1},
-        {"num_experts_per_token", K3_MAX_TOPK + 1}, {"moe_intermediate_size", 0.5},
-        {"kv_lora_rank", K3_MAX_LORA_RANK + 1},   {"q_lora_rank", 0},
-        {"max_position_embeddings", K3_MAX_POSITIONS + 1}, {"routed_scaling_factor", 0},
-        {"rms_norm_eps", -1e-5},                  {"attn_res_block_size", 0},
+        {"num_hidden_layers", K3_MAX_LAYERS + 1},
+        {"num_hidden_layers", 0},
+        {"num_experts", K3_MAX_EXPERTS + 1},
+        {"num_experts", -1},
+        {"num_attention_heads", K3_MAX_HEADS + 1},
+        {"hidden_size", K3_MAX_HIDDEN + 1},
+        {"vocab_size", K3_MAX_VOCAB + 1},
+        {"v_head_dim", K3_MAX_HEAD_DIM + 1},
+        {"num_experts_per_token", K3_MAX_TOPK + 1},
+        {"moe_intermediate_size", 0.5},
+        {"kv_lora_rank", K3_MAX_LORA_RANK + 1},
+        {"q_lora_rank", 0},
+        {"max_position_embeddings", K3_MAX_POSITIONS + 1},
+        {"routed_scaling_factor", 0},
+        {"rms_norm_eps", -1e-5},
+        {"attn_res_block_size", 0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cJSON *root = load("kimi_k3.json");
@@ -257,7 +270,8 @@ static void test_router_consistency(void **state) {
     expect_error(root, K3_ERR_UNSUPPORTED, "text_config.topk_method: \"greedy\"");
     cJSON_DeleteItemFromObjectCaseSensitive(tc, "topk_method");
     set_num(tc, "first_k_dense_replace", 94);
-    expect_error(root, K3_ERR_FORMAT, "first_k_dense_replace: 94 is more than num_hidden_layers 93");
+    expect_error(root, K3_ERR_FORMAT,
+                 "first_k_dense_replace: 94 is more than num_hidden_layers 93");
     set_num(tc, "first_k_dense_replace", 1);
     cJSON_DeleteItemFromObjectCaseSensitive(tc, "routed_expert_hidden_size");
     expect_error(root, K3_ERR_FORMAT, "latent_moe_use_norm: true needs routed_expert_hidden_size");
@@ -269,7 +283,8 @@ static void test_model_type_and_arch(void **state) {
     cJSON *root = load("kimi_k3.json");
     cJSON_DeleteItemFromObjectCaseSensitive(root, "model_type");
     cJSON_AddStringToObject(root, "model_type", "deepseek_v3");
-    expect_error(root, K3_ERR_UNSUPPORTED, "config.json: model_type: \"deepseek_v3\" is not supported");
+    expect_error(root, K3_ERR_UNSUPPORTED,
+                 "config.json: model_type: \"deepseek_v3\" is not supported");
     cJSON_DeleteItemFromObjectCaseSensitive(root, "model_type");
     expect_error(root, K3_ERR_MISSING, "config.json: model_type: missing");
     cJSON_AddStringToObject(root, "model_type", "kimi_k3");
@@ -302,17 +317,20 @@ static void test_layer_lists(void **state) {
     const int full_ok[] = {4, 8, 12, 16, 20, 24, 27};
     int kda[20], n = 0;
     for (int l = 1; l <= 27; l++)
-        if (l % 4 && l != 27) kda[n++] = l;
+        if (l % 4 && l != 27)
+            kda[n++] = l;
     assert_int_equal(n, 20);
     cJSON *root = load("kimi_linear_48b.json");
     const int overlap[] = {4, 8, 12, 16, 20, 24, 27, 5};
     replace_list(root, "full_attn_layers", overlap, 8);
-    expect_error(root, K3_ERR_FORMAT, "layer 5 (1-indexed) is in both kda_layers and full_attn_layers");
+    expect_error(root, K3_ERR_FORMAT,
+                 "layer 5 (1-indexed) is in both kda_layers and full_attn_layers");
     replace_list(root, "full_attn_layers", full_ok, 6); /* 27 dropped */
     expect_error(root, K3_ERR_MISSING, "layer 27 (1-indexed) is in neither");
     const int twice[] = {4, 8, 12, 16, 20, 24, 27, 8};
     replace_list(root, "full_attn_layers", twice, 8);
-    expect_error(root, K3_ERR_DUPLICATE, "linear_attn_config.full_attn_layers: layer 8 listed twice");
+    expect_error(root, K3_ERR_DUPLICATE,
+                 "linear_attn_config.full_attn_layers: layer 8 listed twice");
     const int out_of_range[] = {4, 8, 12, 16, 20, 24, 27, 28};
     replace_list(root, "full_attn_layers", out_of_range, 8);
     expect_error(root, K3_ERR_FORMAT, "full_attn_layers[7]: layer 28 outside 1..27");
@@ -405,7 +423,8 @@ static void roundtrip(const char *fixture) {
     if (qc) { /* the quantization_config travels verbatim */
         cJSON *back = NULL;
         assert_int_equal(k3_json_parse_file(&back, path, 1 << 20, &e), K3_OK);
-        assert_true(cJSON_Compare(qc, cJSON_GetObjectItemCaseSensitive(back, "quantization_config"), true));
+        assert_true(
+            cJSON_Compare(qc, cJSON_GetObjectItemCaseSensitive(back, "quantization_config"), true));
         cJSON_Delete(back);
     }
     unlink(path);
@@ -423,21 +442,52 @@ static void test_roundtrip(void **state) {
 /* make-tiny's path: a hand-built struct, plan from layer lists, written and re-read. */
 static void test_build_by_hand(void **state) {
     (void)state;
-    k3_model_config mc = {
-        .wrapped = true, .vocab_size = 512, .hidden_size = 64, .num_hidden_layers = 4,
-        .num_attention_heads = 4, .num_key_value_heads = 4, .head_dim = 16,
-        .intermediate_size = 128, .hidden_act = K3_ACT_SITU, .situ_beta = 4.0,
-        .situ_linear_beta = 25.0, .rms_norm_eps = 1e-5, .max_position_embeddings = 4096,
-        .q_lora_rank = 32, .kv_lora_rank = 16, .qk_nope_head_dim = 16, .qk_rope_head_dim = 8,
-        .v_head_dim = 16, .mla_use_nope = true, .mla_use_output_gate = true, .kda_num_heads = 4,
-        .kda_head_dim = 16, .kda_conv_kernel = 4, .kda_full_rank_gate = true,
-        .kda_has_lower_bound = true, .kda_gate_lower_bound = -5.0, .first_k_dense_replace = 1,
-        .moe_layer_freq = 1, .num_experts = 16, .num_experts_per_token = 4,
-        .num_shared_experts = 1, .moe_intermediate_size = 32, .routed_expert_hidden_size = 32,
-        .latent_moe_use_norm = true, .route_fn = K3_ROUTE_NOAUX_TC, .moe_renormalize = true,
-        .routed_scaling_factor = 1.0, .use_grouped_topk = true, .num_expert_group = 1,
-        .topk_group = 1, .attn_res_block_size = 2, .bos_token_id = 1, .eos_token_id = 2,
-        .pad_token_id = -1, .initializer_range = 0.02, .use_cache = true};
+    k3_model_config mc = {.wrapped = true,
+                          .vocab_size = 512,
+                          .hidden_size = 64,
+                          .num_hidden_layers = 4,
+                          .num_attention_heads = 4,
+                          .num_key_value_heads = 4,
+                          .head_dim = 16,
+                          .intermediate_size = 128,
+                          .hidden_act = K3_ACT_SITU,
+                          .situ_beta = 4.0,
+                          .situ_linear_beta = 25.0,
+                          .rms_norm_eps = 1e-5,
+                          .max_position_embeddings = 4096,
+                          .q_lora_rank = 32,
+                          .kv_lora_rank = 16,
+                          .qk_nope_head_dim = 16,
+                          .qk_rope_head_dim = 8,
+                          .v_head_dim = 16,
+                          .mla_use_nope = true,
+                          .mla_use_output_gate = true,
+                          .kda_num_heads = 4,
+                          .kda_head_dim = 16,
+                          .kda_conv_kernel = 4,
+                          .kda_full_rank_gate = true,
+                          .kda_has_lower_bound = true,
+                          .kda_gate_lower_bound = -5.0,
+                          .first_k_dense_replace = 1,
+                          .moe_layer_freq = 1,
+                          .num_experts = 16,
+                          .num_experts_per_token = 4,
+                          .num_shared_experts = 1,
+                          .moe_intermediate_size = 32,
+                          .routed_expert_hidden_size = 32,
+                          .latent_moe_use_norm = true,
+                          .route_fn = K3_ROUTE_NOAUX_TC,
+                          .moe_renormalize = true,
+                          .routed_scaling_factor = 1.0,
+                          .use_grouped_topk = true,
+                          .num_expert_group = 1,
+                          .topk_group = 1,
+                          .attn_res_block_size = 2,
+                          .bos_token_id = 1,
+                          .eos_token_id = 2,
+                          .pad_token_id = -1,
+                          .initializer_range = 0.02,
+                          .use_cache = true};
     k3_error e = {0};
     assert_int_equal(k3_model_config_validate(&mc, "tiny", &e), K3_ERR_MISSING); /* no plan */
     const int64_t kda[] = {1, 2, 3}, mla[] = {4};
@@ -463,16 +513,11 @@ static void test_build_by_hand(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_k3_values),
-        cmocka_unit_test(test_kimi_linear_values),
-        cmocka_unit_test(test_missing_fields),
-        cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_router_consistency),
-        cmocka_unit_test(test_model_type_and_arch),
-        cmocka_unit_test(test_layer_lists),
-        cmocka_unit_test(test_situ_betas),
-        cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_build_by_hand),
+        cmocka_unit_test(test_k3_values),          cmocka_unit_test(test_kimi_linear_values),
+        cmocka_unit_test(test_missing_fields),     cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_router_consistency), cmocka_unit_test(test_model_type_and_arch),
+        cmocka_unit_test(test_layer_lists),        cmocka_unit_test(test_situ_betas),
+        cmocka_unit_test(test_roundtrip),          cmocka_unit_test(test_build_by_hand),
     };
     return cmocka_run_group_tests_name("model_config", tests, NULL, NULL);
 }

@@ -6,7 +6,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +21,8 @@
 static cJSON *js(const char *text) {
     cJSON *j = NULL;
     k3_error e = {0};
-    if (k3_json_parse(&j, text, strlen(text), "fixture", &e)) fail_msg("fixture: %s", e.msg);
+    if (k3_json_parse(&j, text, strlen(text), "fixture", &e))
+        fail_msg("fixture: %s", e.msg);
     return j;
 }
 
@@ -29,15 +32,20 @@ static const char *const NVFP4_HF =
     "{\"producer\": {\"name\": \"modelopt\", \"version\": \"0.45.0\"},"
     " \"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"kv_cache_quant_algo\": null,"
     "  \"quantized_layers\": {"
-    "   \"language_model.model.layers.1.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
-    "   \"model.layers.1.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
+    "   \"language_model.model.layers.1.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", "
+    "\"group_size\": 16},"
+    "   \"model.layers.1.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": "
+    "16},"
     "   \"layers.1.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
-    "   \"language_model.model.layers.1.mlp.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
+    "   \"language_model.model.layers.1.mlp.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": "
+    "16},"
     "   \"model.layers.1.mlp.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
     "   \"layers.1.mlp.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
     "   \"model.layers.2.mlp.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
-    "   \"language_model.model.layers.3.block_sparse_moe.experts.7.w1\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
-    "   \"language_model.model.layers.3.block_sparse_moe.experts.7.w3\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
+    "   \"language_model.model.layers.3.block_sparse_moe.experts.7.w1\": {\"quant_algo\": "
+    "\"NVFP4\", \"group_size\": 16},"
+    "   \"language_model.model.layers.3.block_sparse_moe.experts.7.w3\": {\"quant_algo\": "
+    "\"NVFP4\", \"group_size\": 16},"
     "   \"language_model.model.layers.0.self_attn.q_proj\": {\"quant_algo\": \"fp8_pb_wo\"},"
     "   \"model.layers.3.self_attn.kv_b_proj\": {\"quant_algo\": \"FP8_PB_WO\"},"
     "   \"layers.7.self_attn.o_proj\": {\"quant_algo\": \"Fp8_Pb_Wo\"}},"
@@ -59,7 +67,8 @@ static k3_quant_config parse_ok(const char *hf, const char *inl) {
 static k3_qdecl resolve(const k3_quant_config *qc, const char *module) {
     k3_qdecl d;
     k3_error e = {0};
-    if (k3_quant_resolve(qc, module, &d, &e)) fail_msg("resolve %s: %s", module, e.msg);
+    if (k3_quant_resolve(qc, module, &d, &e))
+        fail_msg("resolve %s: %s", module, e.msg);
     return d;
 }
 
@@ -99,10 +108,11 @@ static void test_alias_top_level(void **state) {
     static const char *const spellings[] = {"fp8_pb_wo", "FP8_PB_WO", "Fp8_Pb_Wo"};
     for (int i = 0; i < 3; i++) {
         char buf[512];
-        snprintf(buf, sizeof buf,
-                 "{\"producer\": {\"name\": \"modelopt\"}, \"quantization\": {\"quant_algo\": \"%s\","
-                 " \"kv_cache_quant_algo\": \"fp8\", \"exclude_modules\": [\"lm_head\"]}}",
-                 spellings[i]);
+        snprintf(
+            buf, sizeof buf,
+            "{\"producer\": {\"name\": \"modelopt\"}, \"quantization\": {\"quant_algo\": \"%s\","
+            " \"kv_cache_quant_algo\": \"fp8\", \"exclude_modules\": [\"lm_head\"]}}",
+            spellings[i]);
         k3_quant_config qc = parse_ok(buf, NULL);
         k3_error e = {0};
         assert_string_equal(qc.quant_algo, "FP8_BLOCK_SCALES");
@@ -140,8 +150,9 @@ static void test_unknown_rejected_at_validation(void **state) {
                    "quantization algorithm \"FP4_MAGIC\"");
     expect_invalid("{\"quantization\": {\"quant_algo\": \"fp8_pb\"}}",
                    "quant_algo: unknown quantization algorithm \"fp8_pb\"");
-    expect_invalid("{\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": \"FP16\"}}",
-                   "unknown KV-cache algorithm \"FP16\"");
+    expect_invalid(
+        "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": \"FP16\"}}",
+        "unknown KV-cache algorithm \"FP16\"");
     expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\"}}",
                    "quantized_layers: missing");
     expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\":"
@@ -226,8 +237,10 @@ static void test_experts_per_layer(void **state) {
     k3_quant_config_free(&qc);
     /* disagreeing declarations of one layer's experts are an error naming both */
     qc = parse_ok("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\": {"
-                  " \"model.layers.5.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16},"
-                  " \"language_model.model.layers.5.block_sparse_moe.experts.2.w2\": {\"quant_algo\": \"fp8_pb_wo\"}}}}",
+                  " \"model.layers.5.block_sparse_moe.experts\": {\"quant_algo\": \"NVFP4\", "
+                  "\"group_size\": 16},"
+                  " \"language_model.model.layers.5.block_sparse_moe.experts.2.w2\": "
+                  "{\"quant_algo\": \"fp8_pb_wo\"}}}}",
                   NULL);
     assert_int_equal(k3_quant_resolve_experts(&qc, 5, &d, &e), K3_ERR_FORMAT);
     assert_non_null(strstr(e.msg, "layer 5 routed experts"));
@@ -255,8 +268,8 @@ static void test_ct_mxfp4_original(void **state) {
     cJSON *root = NULL, *inl = k3_original_qc(&root);
     k3_quant_config qc;
     k3_error e = {0};
-    assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, inl, "config.json: quantization_config", &e),
-                     K3_OK);
+    assert_int_equal(
+        k3_quant_config_parse(&qc, NULL, NULL, inl, "config.json: quantization_config", &e), K3_OK);
     cJSON_Delete(root);
     assert_int_equal(qc.source, K3_QSRC_COMPRESSED_TENSORS);
     assert_int_equal(k3_quant_config_validate(&qc, &e), K3_OK);
@@ -266,11 +279,14 @@ static void test_ct_mxfp4_original(void **state) {
     static const char *const ignored[] = {
         "language_model.model.layers.3.self_attn.kv_b_proj",
         "language_model.model.layers.1.block_sparse_moe.shared_experts.down_proj",
-        "language_model.model.layers.0.mlp.gate_proj", "language_model.lm_head",
-        "vision_tower.encoder.blocks.0.mlp.fc0", "mm_projector.proj.0"};
+        "language_model.model.layers.0.mlp.gate_proj",
+        "language_model.lm_head",
+        "vision_tower.encoder.blocks.0.mlp.fc0",
+        "mm_projector.proj.0"};
     for (int i = 0; i < 6; i++) {
         k3_qdecl d = resolve(&qc, ignored[i]);
-        if (d.scheme != K3_QS_NONE) fail_msg("%s should be ignored", ignored[i]);
+        if (d.scheme != K3_QS_NONE)
+            fail_msg("%s should be ignored", ignored[i]);
         assert_true(strncmp(d.matched, "re:", 3) == 0);
     }
     k3_qdecl d = resolve(&qc, "language_model.model.layers.1.block_sparse_moe.experts.5.w1");
@@ -311,7 +327,8 @@ static void test_ct_dispatch(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char fmt[96] = "";
-        if (cases[i].format) snprintf(fmt, sizeof fmt, "\"format\": \"%s\",", cases[i].format);
+        if (cases[i].format)
+            snprintf(fmt, sizeof fmt, "\"format\": \"%s\",", cases[i].format);
         char buf[1024];
         snprintf(buf, sizeof buf,
                  "{\"quant_method\": \"compressed-tensors\", %s \"config_groups\": {\"group_0\":"
@@ -323,10 +340,12 @@ static void test_ct_dispatch(void **state) {
         k3_error e = {0};
         int rc = k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e);
         cJSON_Delete(j);
-        if (rc != cases[i].status) fail_msg("case %zu: status %d, expected %d (%s)", i, rc, cases[i].status, e.msg);
+        if (rc != cases[i].status)
+            fail_msg("case %zu: status %d, expected %d (%s)", i, rc, cases[i].status, e.msg);
         if (rc == K3_OK) {
             assert_int_equal(qc.groups[0].scheme, cases[i].scheme);
-            assert_int_equal(resolve(&qc, "model.layers.2.self_attn.q_proj").scheme, cases[i].scheme);
+            assert_int_equal(resolve(&qc, "model.layers.2.self_attn.q_proj").scheme,
+                             cases[i].scheme);
             assert_int_equal(resolve(&qc, "lm_head").scheme, K3_QS_NONE);
         } else {
             assert_non_null(strstr(e.msg, "qc: config_groups.group_0: format"));
@@ -338,18 +357,21 @@ static void test_ct_dispatch(void **state) {
         NULL, "{\"quant_method\": \"compressed-tensors\", \"config_groups\": {"
               " \"group_0\": {\"targets\": [\"Linear\"], \"format\": \"mxfp4-pack-quantized\","
               "   \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"group_size\": 32}},"
-              " \"group_1\": {\"targets\": [\"re:.*experts\\\\.[0-9]+\\\\.w[13]$\"], \"format\": \"nvfp4-pack-quantized\","
+              " \"group_1\": {\"targets\": [\"re:.*experts\\\\.[0-9]+\\\\.w[13]$\"], \"format\": "
+              "\"nvfp4-pack-quantized\","
               "   \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"group_size\": 16}}}}");
     k3_qdecl d = resolve(&qc, "model.layers.1.block_sparse_moe.experts.3.w1");
     assert_int_equal(d.scheme, K3_QS_NVFP4_CT);
     assert_false(d.by_class);
-    assert_int_equal(resolve(&qc, "model.layers.1.block_sparse_moe.experts.3.w2").scheme, K3_QS_MXFP4);
+    assert_int_equal(resolve(&qc, "model.layers.1.block_sparse_moe.experts.3.w2").scheme,
+                     K3_QS_MXFP4);
     k3_error e = {0};
     assert_int_equal(k3_quant_resolve_experts(&qc, 1, &d, &e), K3_ERR_FORMAT); /* w1 vs w2 */
     k3_quant_config_free(&qc);
-    qc = parse_ok(NULL, "{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\":"
-                        " {\"targets\": [\"Embedding\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\","
-                        " \"group_size\": 16}}}}");
+    qc = parse_ok(
+        NULL, "{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\":"
+              " {\"targets\": [\"Embedding\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\","
+              " \"group_size\": 16}}}}");
     assert_int_equal(k3_quant_config_validate(&qc, &e), K3_ERR_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "class target \"Embedding\""));
     k3_quant_config_free(&qc);
@@ -363,16 +385,20 @@ static void test_bad_regex(void **state) {
                   " \"ignore\": [\"lm_head\", \"re:.*layers\\\\.(1|2.*\"]}");
     k3_quant_config qc;
     k3_error e = {0};
-    assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "config.json: quantization_config", &e),
-                     K3_ERR_FORMAT);
+    assert_int_equal(
+        k3_quant_config_parse(&qc, NULL, NULL, j, "config.json: quantization_config", &e),
+        K3_ERR_FORMAT);
     assert_non_null(strstr(e.msg, "config.json: quantization_config: ignore[1]: bad regular "
                                   "expression \"re:.*layers\\.(1|2.*\""));
     cJSON_Delete(j);
     k3_quant_config_free(&qc); /* parse left it freed; freeing again is safe */
-    j = js("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"targets\":"
-           " [\"re:[z-a]\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"group_size\": 32}}}}");
+    j = js(
+        "{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"targets\":"
+        " [\"re:[z-a]\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"group_size\": "
+        "32}}}}");
     assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e), K3_ERR_FORMAT);
-    assert_non_null(strstr(e.msg, "config_groups.group_0.targets[0]: bad regular expression \"re:[z-a]\""));
+    assert_non_null(
+        strstr(e.msg, "config_groups.group_0.targets[0]: bad regular expression \"re:[z-a]\""));
     cJSON_Delete(j);
 }
 
@@ -381,7 +407,8 @@ static void test_other_errors(void **state) {
     k3_quant_config qc;
     k3_error e = {0};
     cJSON *j = js("{\"producer\": {\"name\": \"modelopt\"}}");
-    assert_int_equal(k3_quant_config_parse(&qc, j, "hf_quant_config.json", NULL, NULL, &e), K3_ERR_MISSING);
+    assert_int_equal(k3_quant_config_parse(&qc, j, "hf_quant_config.json", NULL, NULL, &e),
+                     K3_ERR_MISSING);
     assert_string_equal(e.msg, "hf_quant_config.json: quantization: missing");
     cJSON_Delete(j);
     j = js("{\"quant_method\": \"awq\", \"bits\": 4}");
@@ -392,7 +419,8 @@ static void test_other_errors(void **state) {
     assert_int_equal(k3_quant_config_parse(&qc, j, "h", NULL, NULL, &e), K3_ERR_FORMAT);
     assert_non_null(strstr(e.msg, "quant_algo: expected a string or null"));
     cJSON_Delete(j);
-    j = js("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"targets\": []}}}");
+    j = js("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": "
+           "{\"targets\": []}}}");
     assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e), K3_ERR_FORMAT);
     assert_non_null(strstr(e.msg, "config_groups.group_0.targets: expected a non-empty array"));
     cJSON_Delete(j);
@@ -401,12 +429,13 @@ static void test_other_errors(void **state) {
 static void test_divergence(void **state) {
     (void)state;
     const char *same = "{\"quant_method\": \"modelopt\", \"quant_algo\": \"MIXED_PRECISION\","
-                       " \"ignore\": [\"*block_sparse_moe.gate\", \"language_model.lm_head\", \"model.layers.0.mlp*\"],"
+                       " \"ignore\": [\"*block_sparse_moe.gate\", \"language_model.lm_head\", "
+                       "\"model.layers.0.mlp*\"],"
                        " \"kv_cache_scheme\": null, \"quantized_layers\": %s}";
     /* the inline copy: the same layers, read from the authoritative file's JSON */
     cJSON *hf = js(NVFP4_HF);
-    char *layers = cJSON_PrintUnformatted(
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(hf, "quantization"), "quantized_layers"));
+    char *layers = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(hf, "quantization"), "quantized_layers"));
     size_t cap = strlen(layers) + strlen(same) + 64;
     char *buf = malloc(cap);
     snprintf(buf, cap, same, layers);
@@ -423,9 +452,10 @@ static void test_divergence(void **state) {
     assert_int_equal(resolve(&qc, "model.layers.3.self_attn.kv_b_proj").scheme, K3_QS_FP8_BLOCK);
     k3_quant_config_free(&qc);
     /* a different algorithm family inline */
-    qc = parse_ok(NVFP4_HF, "{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\":"
-                            " {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\","
-                            " \"group_size\": 16}}}}");
+    qc = parse_ok(NVFP4_HF,
+                  "{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\":"
+                  " {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\","
+                  " \"group_size\": 16}}}}");
     assert_true(qc.inline_diverges);
     assert_non_null(strstr(qc.divergence, "quant_method differs"));
     k3_quant_config_free(&qc);
@@ -463,7 +493,8 @@ static void roundtrip_modelopt(const k3_model_config *mc, const char *prefix, un
             assert_int_equal(k3_quant_resolve_experts(&back, l, &d, &e), K3_OK);
             assert_int_equal(d.scheme, K3_QS_NVFP4);
             assert_int_equal(d.group_size, 16);
-            snprintf(name, sizeof name, "%smodel.layers.%lld.block_sparse_moe.gate", prefix, (long long)l);
+            snprintf(name, sizeof name, "%smodel.layers.%lld.block_sparse_moe.gate", prefix,
+                     (long long)l);
             assert_int_equal(resolve(&back, name).scheme, K3_QS_NONE);
         }
         snprintf(name, sizeof name, "%smodel.layers.%lld.self_attn.%s", prefix, (long long)l,
@@ -481,10 +512,12 @@ static void test_roundtrip_modelopt(void **state) {
     k3_model_config mc;
     k3_error e = {0};
     assert_int_equal(k3_model_config_load(&mc, "tests/data/configs/kimi_k3.json", &e), K3_OK);
-    roundtrip_modelopt(&mc, "language_model.", K3_QPLAN_EXPERTS_NVFP4 | K3_QPLAN_ATTN_FP8 | K3_QPLAN_ALL_PREFIXES);
+    roundtrip_modelopt(&mc, "language_model.",
+                       K3_QPLAN_EXPERTS_NVFP4 | K3_QPLAN_ATTN_FP8 | K3_QPLAN_ALL_PREFIXES);
     roundtrip_modelopt(&mc, "", K3_QPLAN_EXPERTS_NVFP4 | K3_QPLAN_ATTN_FP8);
     k3_model_config_free(&mc);
-    assert_int_equal(k3_model_config_load(&mc, "tests/data/configs/kimi_linear_48b.json", &e), K3_OK);
+    assert_int_equal(k3_model_config_load(&mc, "tests/data/configs/kimi_linear_48b.json", &e),
+                     K3_OK);
     roundtrip_modelopt(&mc, "", K3_QPLAN_EXPERTS_NVFP4 | K3_QPLAN_ATTN_FP8);
     k3_model_config_free(&mc);
 }
@@ -512,7 +545,8 @@ static void test_roundtrip_ct(void **state) {
         k3_qdecl d;
         assert_int_equal(k3_quant_resolve_experts(&back, 3, &d, &e), K3_OK);
         assert_int_equal(d.scheme, scheme);
-        assert_int_equal(resolve(&back, "language_model.model.layers.3.self_attn.q_proj").scheme, K3_QS_NONE);
+        assert_int_equal(resolve(&back, "language_model.model.layers.3.self_attn.q_proj").scheme,
+                         K3_QS_NONE);
         assert_int_equal(resolve(&back, "language_model.lm_head").scheme, K3_QS_NONE);
         k3_quant_config_free(&back);
         k3_quant_config_free(&qc);
@@ -542,7 +576,8 @@ static void test_load_dir(void **state) {
     fclose(f);
     f = fopen(p2, "w");
     fputs("{\"model_type\": \"kimi_k3\", \"quantization_config\": {\"quant_method\": \"modelopt\","
-          " \"quant_algo\": \"NVFP4\"}}", f);
+          " \"quant_algo\": \"NVFP4\"}}",
+          f);
     fclose(f);
     k3_quant_config qc;
     k3_error e = {0};

@@ -48,8 +48,7 @@ static const int_field int_fields[] = {
     {"num_experts_per_token", OFF(num_experts_per_token), 1, K3_MAX_TOPK, 0, F_REQ},
     {"num_shared_experts", OFF(num_shared_experts), 0, K3_MAX_SHARED, 0, 0},
     {"moe_intermediate_size", OFF(moe_intermediate_size), 1, K3_MAX_INTER, 0, F_REQ},
-    {"routed_expert_hidden_size", OFF(routed_expert_hidden_size), 1, K3_MAX_HIDDEN, 0,
-     F_NULLABLE},
+    {"routed_expert_hidden_size", OFF(routed_expert_hidden_size), 1, K3_MAX_HIDDEN, 0, F_NULLABLE},
     {"num_expert_group", OFF(num_expert_group), 1, K3_MAX_EXPERTS, 1, 0},
     {"topk_group", OFF(topk_group), 1, K3_MAX_EXPERTS, 1, 0},
     {"attn_res_block_size", OFF(attn_res_block_size), 1, K3_MAX_LAYERS, 0, F_NULLABLE},
@@ -95,8 +94,8 @@ static const dbl_field dbl_fields[] = {
 };
 #undef OFF
 
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
-#define FIELD(mc, T, off) (*(T *)((char *)(mc) + (off)))
+#define N_OF(a)            (sizeof(a) / sizeof((a)[0]))
+#define FIELD(mc, T, off)  (*(T *)((char *)(mc) + (off)))
 #define CFIELD(mc, T, off) (*(const T *)((const char *)(mc) + (off)))
 
 /* Where a field lives, for messages: "FILE: text_config.linear_attn_config.KEY". */
@@ -109,11 +108,16 @@ typedef struct src {
 } src;
 
 static const char *json_kind(const cJSON *it) {
-    if (cJSON_IsString(it)) return "a string";
-    if (cJSON_IsBool(it)) return "a boolean";
-    if (cJSON_IsArray(it)) return "an array";
-    if (cJSON_IsObject(it)) return "an object";
-    if (cJSON_IsNull(it)) return "null";
+    if (cJSON_IsString(it))
+        return "a string";
+    if (cJSON_IsBool(it))
+        return "a boolean";
+    if (cJSON_IsArray(it))
+        return "an array";
+    if (cJSON_IsObject(it))
+        return "an object";
+    if (cJSON_IsNull(it))
+        return "null";
     return "a number";
 }
 
@@ -121,12 +125,15 @@ static const cJSON *item(const cJSON *obj, const char *key) {
     return cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
 }
 
-static const char *lin_pfx(unsigned flags) { return (flags & F_LINEAR) ? "linear_attn_config." : ""; }
+static const char *lin_pfx(unsigned flags) {
+    return (flags & F_LINEAR) ? "linear_attn_config." : "";
+}
 
 static int read_int(const src *s, const int_field *f, int64_t *out, k3_error *err) {
     const cJSON *obj = (f->flags & F_LINEAR) ? s->lin : s->obj;
     const cJSON *it = item(obj, f->key);
-    if ((!it || cJSON_IsNull(it)) && (f->flags & F_TOKEN) && s->top) it = item(s->top, f->key);
+    if ((!it || cJSON_IsNull(it)) && (f->flags & F_TOKEN) && s->top)
+        it = item(s->top, f->key);
     if (!it || cJSON_IsNull(it)) {
         if (f->flags & F_REQ)
             return k3_fail(err, K3_ERR_MISSING, "%s: %s%s%s: missing", s->file, s->pfx,
@@ -137,12 +144,13 @@ static int read_int(const src *s, const int_field *f, int64_t *out, k3_error *er
     double v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     if (!isfinite(v) || v != floor(v) || v < (double)f->lo || v > (double)f->hi) {
         if (cJSON_IsNumber(it))
-            return k3_fail(err, K3_ERR_FORMAT,
-                           "%s: %s%s%s: expected an integer in [%lld, %lld], found %.17g", s->file,
-                           s->pfx, lin_pfx(f->flags), f->key, (long long)f->lo, (long long)f->hi, v);
-        return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s%s: expected an integer in [%lld, %lld], found %s",
-                       s->file, s->pfx, lin_pfx(f->flags), f->key, (long long)f->lo,
-                       (long long)f->hi, json_kind(it));
+            return k3_fail(
+                err, K3_ERR_FORMAT, "%s: %s%s%s: expected an integer in [%lld, %lld], found %.17g",
+                s->file, s->pfx, lin_pfx(f->flags), f->key, (long long)f->lo, (long long)f->hi, v);
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: %s%s%s: expected an integer in [%lld, %lld], found %s", s->file, s->pfx,
+                       lin_pfx(f->flags), f->key, (long long)f->lo, (long long)f->hi,
+                       json_kind(it));
     }
     *out = (int64_t)v;
     return K3_OK;
@@ -151,7 +159,8 @@ static int read_int(const src *s, const int_field *f, int64_t *out, k3_error *er
 static int read_bool(const src *s, const char *key, unsigned flags, bool def, bool *out,
                      k3_error *err) {
     const cJSON *it = item((flags & F_LINEAR) ? s->lin : s->obj, key);
-    if ((!it || cJSON_IsNull(it)) && (flags & F_TOKEN) && s->top) it = item(s->top, key);
+    if ((!it || cJSON_IsNull(it)) && (flags & F_TOKEN) && s->top)
+        it = item(s->top, key);
     if (!it || cJSON_IsNull(it)) {
         *out = def;
         return K3_OK;
@@ -168,7 +177,8 @@ static int read_bool(const src *s, const char *key, unsigned flags, bool def, bo
 static int read_dbl(const src *s, const char *key, unsigned flags, bool required, double def,
                     bool *present, double *out, k3_error *err) {
     const cJSON *it = item((flags & F_LINEAR) ? s->lin : s->obj, key);
-    if (present) *present = it && !cJSON_IsNull(it);
+    if (present)
+        *present = it && !cJSON_IsNull(it);
     if (!it || cJSON_IsNull(it)) {
         if (required)
             return k3_fail(err, K3_ERR_MISSING, "%s: %s%s%s: missing", s->file, s->pfx,
@@ -187,13 +197,14 @@ static int read_str(const src *s, const char *key, const char *def, const char *
                     k3_error *err) {
     const cJSON *it = item(s->obj, key);
     if (!it || cJSON_IsNull(it)) {
-        if (!def) return k3_fail(err, K3_ERR_MISSING, "%s: %s%s: missing", s->file, s->pfx, key);
+        if (!def)
+            return k3_fail(err, K3_ERR_MISSING, "%s: %s%s: missing", s->file, s->pfx, key);
         *out = def;
         return K3_OK;
     }
     if (!cJSON_IsString(it))
-        return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s: expected a string, found %s", s->file,
-                       s->pfx, key, json_kind(it));
+        return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s: expected a string, found %s", s->file, s->pfx,
+                       key, json_kind(it));
     *out = it->valuestring;
     return K3_OK;
 }
@@ -205,17 +216,19 @@ static int read_layer_list(const src *s, const char *key, int64_t **out, int64_t
     *out = NULL;
     *n = 0;
     if (!it || cJSON_IsNull(it))
-        return k3_fail(err, K3_ERR_MISSING, "%s: %slinear_attn_config.%s: missing", s->file,
-                       s->pfx, key);
+        return k3_fail(err, K3_ERR_MISSING, "%s: %slinear_attn_config.%s: missing", s->file, s->pfx,
+                       key);
     if (!cJSON_IsArray(it))
-        return k3_fail(err, K3_ERR_FORMAT, "%s: %slinear_attn_config.%s: expected an array, found %s",
-                       s->file, s->pfx, key, json_kind(it));
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: %slinear_attn_config.%s: expected an array, found %s", s->file, s->pfx,
+                       key, json_kind(it));
     int len = cJSON_GetArraySize(it);
     if (len > K3_MAX_LAYERS)
         return k3_fail(err, K3_ERR_LIMIT, "%s: %slinear_attn_config.%s: %d entries, more than %d",
                        s->file, s->pfx, key, len, K3_MAX_LAYERS);
     int64_t *v = malloc((size_t)(len ? len : 1) * sizeof *v);
-    if (!v) return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", s->file);
+    if (!v)
+        return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", s->file);
     int i = 0;
     for (const cJSON *e = it->child; e; e = e->next, i++) {
         double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
@@ -240,7 +253,8 @@ const char *k3_ffn_kind_name(k3_ffn_kind k) {
 }
 
 void k3_model_config_free(k3_model_config *mc) {
-    if (!mc) return;
+    if (!mc)
+        return;
     free(mc->layers);
     mc->layers = NULL;
 }
@@ -271,8 +285,9 @@ int k3_model_config_set_layers(k3_model_config *mc, const int64_t *kda_1idx, int
                              "(1-indexed)",
                              what, name, (long long)i, (long long)v[i], (long long)L);
             else if (seen[v[i] - 1] == pass + 1)
-                rc = k3_fail(err, K3_ERR_DUPLICATE, "%s: linear_attn_config.%s: layer %lld listed twice",
-                             what, name, (long long)v[i]);
+                rc = k3_fail(err, K3_ERR_DUPLICATE,
+                             "%s: linear_attn_config.%s: layer %lld listed twice", what, name,
+                             (long long)v[i]);
             else if (seen[v[i] - 1])
                 rc = k3_fail(err, K3_ERR_FORMAT,
                              "%s: linear_attn_config: layer %lld (1-indexed) is in both kda_layers "
@@ -313,18 +328,20 @@ int k3_model_config_set_layers(k3_model_config *mc, const int64_t *kda_1idx, int
 
 static int bad_range(k3_error *err, const char *what, const char *pfx, const char *sub,
                      const char *key, const char *expect, double found) {
-    return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s%s: expected %s, found %.17g", what, pfx, sub,
-                   key, expect, found);
+    return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s%s: expected %s, found %.17g", what, pfx, sub, key,
+                   expect, found);
 }
 
 static int validate(const k3_model_config *mc, const char *what, const char *pfx, k3_error *err) {
     for (size_t i = 0; i < N_OF(int_fields); i++) {
         const int_field *f = &int_fields[i];
         int64_t v = CFIELD(mc, int64_t, f->off);
-        if ((f->flags & F_NULLABLE) && v == f->def) continue;
+        if ((f->flags & F_NULLABLE) && v == f->def)
+            continue;
         if (v < f->lo || v > f->hi)
-            return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s%s: expected an integer in [%lld, %lld], found %lld",
-                           what, pfx, lin_pfx(f->flags), f->key, (long long)f->lo, (long long)f->hi,
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: %s%s%s: expected an integer in [%lld, %lld], found %lld", what, pfx,
+                           lin_pfx(f->flags), f->key, (long long)f->lo, (long long)f->hi,
                            (long long)v);
     }
     for (size_t i = 0; i < N_OF(dbl_fields); i++) {
@@ -342,23 +359,25 @@ static int validate(const k3_model_config *mc, const char *what, const char *pfx
             return bad_range(err, what, pfx, "", "activation_situ_beta", "a finite number > 0",
                              mc->situ_beta);
         if (!(isfinite(mc->situ_linear_beta) && mc->situ_linear_beta > 0))
-            return bad_range(err, what, pfx, "", "activation_situ_linear_beta", "a finite number > 0",
-                             mc->situ_linear_beta);
+            return bad_range(err, what, pfx, "", "activation_situ_linear_beta",
+                             "a finite number > 0", mc->situ_linear_beta);
     } else if (mc->hidden_act != K3_ACT_SILU) {
-        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: %shidden_act: expected \"situ\" or \"silu\"", what,
-                       pfx);
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: %shidden_act: expected \"situ\" or \"silu\"",
+                       what, pfx);
     }
     if (mc->kda_has_lower_bound &&
         !(isfinite(mc->kda_gate_lower_bound) && mc->kda_gate_lower_bound < 0))
         return bad_range(err, what, pfx, "linear_attn_config.", "gate_lower_bound",
                          "a finite number < 0", mc->kda_gate_lower_bound);
     if (!mc->mla_use_nope)
-        return k3_fail(err, K3_ERR_UNSUPPORTED,
-                       "%s: %smla_use_nope: false (rotary MLA) is not implemented; k3 runs NoPE MLA",
-                       what, pfx);
+        return k3_fail(
+            err, K3_ERR_UNSUPPORTED,
+            "%s: %smla_use_nope: false (rotary MLA) is not implemented; k3 runs NoPE MLA", what,
+            pfx);
     if (mc->route_fn != K3_ROUTE_NOAUX_TC)
-        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: %stopk_method: only sigmoid + noaux_tc routing is supported",
-                       what, pfx);
+        return k3_fail(err, K3_ERR_UNSUPPORTED,
+                       "%s: %stopk_method: only sigmoid + noaux_tc routing is supported", what,
+                       pfx);
     if (mc->num_experts_per_token > mc->num_experts)
         return k3_fail(err, K3_ERR_FORMAT,
                        "%s: %snum_experts_per_token: %lld is more than num_experts %lld", what, pfx,
@@ -367,11 +386,12 @@ static int validate(const k3_model_config *mc, const char *what, const char *pfx
         int64_t g = mc->num_expert_group;
         if (mc->num_experts % g)
             return k3_fail(err, K3_ERR_FORMAT,
-                           "%s: %snum_expert_group: %lld does not divide num_experts %lld", what, pfx,
-                           (long long)g, (long long)mc->num_experts);
+                           "%s: %snum_expert_group: %lld does not divide num_experts %lld", what,
+                           pfx, (long long)g, (long long)mc->num_experts);
         if (mc->topk_group > g)
-            return k3_fail(err, K3_ERR_FORMAT, "%s: %stopk_group: %lld is more than num_expert_group %lld",
-                           what, pfx, (long long)mc->topk_group, (long long)g);
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: %stopk_group: %lld is more than num_expert_group %lld", what, pfx,
+                           (long long)mc->topk_group, (long long)g);
         if (mc->num_experts_per_token > mc->topk_group * (mc->num_experts / g))
             return k3_fail(err, K3_ERR_FORMAT,
                            "%s: %snum_experts_per_token: %lld is more than the %lld experts of "
@@ -381,23 +401,25 @@ static int validate(const k3_model_config *mc, const char *what, const char *pfx
                            (long long)mc->topk_group);
     }
     if (mc->latent_moe_use_norm && mc->routed_expert_hidden_size == 0)
-        return k3_fail(err, K3_ERR_FORMAT,
-                       "%s: %slatent_moe_use_norm: true needs routed_expert_hidden_size (latent MoE)",
-                       what, pfx);
+        return k3_fail(
+            err, K3_ERR_FORMAT,
+            "%s: %slatent_moe_use_norm: true needs routed_expert_hidden_size (latent MoE)", what,
+            pfx);
     if (mc->first_k_dense_replace > mc->num_hidden_layers)
         return k3_fail(err, K3_ERR_FORMAT,
-                       "%s: %sfirst_k_dense_replace: %lld is more than num_hidden_layers %lld", what, pfx,
-                       (long long)mc->first_k_dense_replace, (long long)mc->num_hidden_layers);
+                       "%s: %sfirst_k_dense_replace: %lld is more than num_hidden_layers %lld",
+                       what, pfx, (long long)mc->first_k_dense_replace,
+                       (long long)mc->num_hidden_layers);
     if (mc->attn_res_block_size > mc->num_hidden_layers)
         return k3_fail(err, K3_ERR_FORMAT,
-                       "%s: %sattn_res_block_size: %lld is more than num_hidden_layers %lld", what, pfx,
-                       (long long)mc->attn_res_block_size, (long long)mc->num_hidden_layers);
+                       "%s: %sattn_res_block_size: %lld is more than num_hidden_layers %lld", what,
+                       pfx, (long long)mc->attn_res_block_size, (long long)mc->num_hidden_layers);
     const char *tok[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
     int64_t tv[3] = {mc->bos_token_id, mc->eos_token_id, mc->pad_token_id};
     for (int i = 0; i < 3; i++)
         if (tv[i] >= mc->vocab_size)
-            return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s: %lld is outside the vocabulary (%lld)", what, pfx,
-                           tok[i], (long long)tv[i], (long long)mc->vocab_size);
+            return k3_fail(err, K3_ERR_FORMAT, "%s: %s%s: %lld is outside the vocabulary (%lld)",
+                           what, pfx, tok[i], (long long)tv[i], (long long)mc->vocab_size);
     if (!mc->layers)
         return k3_fail(err, K3_ERR_MISSING, "%s: the per-layer plan is missing", what);
     int64_t nk = 0, nm = 0, ne = 0;
@@ -421,8 +443,8 @@ int k3_model_config_validate(const k3_model_config *mc, const char *what, k3_err
 }
 
 /* Reads every field of the text config s->obj into mc (layers not yet set). */
-static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t *nk,
-                      int64_t **mla, int64_t *nm, k3_error *err) {
+static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t *nk, int64_t **mla,
+                      int64_t *nm, k3_error *err) {
     src s = *s0;
     const cJSON *lin = item(s.obj, "linear_attn_config");
     if (!lin || cJSON_IsNull(lin))
@@ -435,8 +457,10 @@ static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t
     for (size_t i = 0; i < N_OF(int_fields); i++)
         if ((rc = read_int(&s, &int_fields[i], &FIELD(mc, int64_t, int_fields[i].off), err)))
             return rc;
-    if (mc->num_key_value_heads < 0) mc->num_key_value_heads = mc->num_attention_heads;
-    if (mc->head_dim < 0) mc->head_dim = mc->hidden_size / mc->num_attention_heads;
+    if (mc->num_key_value_heads < 0)
+        mc->num_key_value_heads = mc->num_attention_heads;
+    if (mc->head_dim < 0)
+        mc->head_dim = mc->hidden_size / mc->num_attention_heads;
     for (size_t i = 0; i < N_OF(bool_fields); i++)
         if ((rc = read_bool(&s, bool_fields[i].key, bool_fields[i].flags, bool_fields[i].def,
                             &FIELD(mc, bool, bool_fields[i].off), err)))
@@ -450,7 +474,8 @@ static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t
         return rc;
 
     const char *act = NULL, *router = NULL, *topk = NULL;
-    if ((rc = read_str(&s, "hidden_act", "silu", &act, err))) return rc;
+    if ((rc = read_str(&s, "hidden_act", "silu", &act, err)))
+        return rc;
     if (!strcmp(act, "situ")) {
         mc->hidden_act = K3_ACT_SITU;
         if ((rc = read_dbl(&s, "activation_situ_beta", 0, true, 0, NULL, &mc->situ_beta, err)) ||
@@ -464,26 +489,30 @@ static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t
                        "%s: %shidden_act: \"%s\" is not supported (expected \"situ\" or \"silu\")",
                        s.file, s.pfx, act);
     }
-    if ((rc = read_str(&s, "moe_router_activation_func", "sigmoid", &router, err))) return rc;
+    if ((rc = read_str(&s, "moe_router_activation_func", "sigmoid", &router, err)))
+        return rc;
     if (strcmp(router, "sigmoid"))
         return k3_fail(err, K3_ERR_UNSUPPORTED,
                        "%s: %smoe_router_activation_func: \"%s\" is not supported (expected "
                        "\"sigmoid\")",
                        s.file, s.pfx, router);
-    if ((rc = read_str(&s, "topk_method", "noaux_tc", &topk, err))) return rc;
+    if ((rc = read_str(&s, "topk_method", "noaux_tc", &topk, err)))
+        return rc;
     if (strcmp(topk, "noaux_tc"))
         return k3_fail(err, K3_ERR_UNSUPPORTED,
                        "%s: %stopk_method: \"%s\" is not supported (expected \"noaux_tc\")", s.file,
                        s.pfx, topk);
     mc->route_fn = K3_ROUTE_NOAUX_TC;
-    if ((rc = read_layer_list(&s, "kda_layers", kda, nk, err))) return rc;
+    if ((rc = read_layer_list(&s, "kda_layers", kda, nk, err)))
+        return rc;
     return read_layer_list(&s, "full_attn_layers", mla, nm, err);
 }
 
 static int check_arch(const cJSON *obj, const char *file, const char *pfx, const char *expect,
                       k3_error *err) {
     const cJSON *a = item(obj, "architectures");
-    if (!a || cJSON_IsNull(a)) return K3_OK;
+    if (!a || cJSON_IsNull(a))
+        return K3_OK;
     if (!cJSON_IsArray(a))
         return k3_fail(err, K3_ERR_FORMAT, "%s: %sarchitectures: expected an array, found %s", file,
                        pfx, json_kind(a));
@@ -495,25 +524,27 @@ static int check_arch(const cJSON *obj, const char *file, const char *pfx, const
     return K3_OK;
 }
 
-int k3_model_config_parse(k3_model_config *mc, const cJSON *root, const char *what,
-                          k3_error *err) {
+int k3_model_config_parse(k3_model_config *mc, const cJSON *root, const char *what, k3_error *err) {
     memset(mc, 0, sizeof *mc);
     if (!cJSON_IsObject(root))
         return k3_fail(err, K3_ERR_FORMAT, "%s: expected a JSON object", what);
     src s = {.file = what, .pfx = "", .obj = root};
     const char *mt = NULL;
     int rc = read_str(&s, "model_type", NULL, &mt, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (!strcmp(mt, "kimi_k3")) {
-        if ((rc = check_arch(root, what, "", "KimiK3ForConditionalGeneration", err))) return rc;
+        if ((rc = check_arch(root, what, "", "KimiK3ForConditionalGeneration", err)))
+            return rc;
         const cJSON *tc = item(root, "text_config");
         if (!tc || cJSON_IsNull(tc))
             return k3_fail(err, K3_ERR_MISSING, "%s: text_config: missing", what);
         if (!cJSON_IsObject(tc))
-            return k3_fail(err, K3_ERR_FORMAT, "%s: text_config: expected an object, found %s", what,
-                           json_kind(tc));
+            return k3_fail(err, K3_ERR_FORMAT, "%s: text_config: expected an object, found %s",
+                           what, json_kind(tc));
         s = (src){.file = what, .pfx = "text_config.", .obj = tc, .top = root};
-        if ((rc = read_str(&s, "model_type", NULL, &mt, err))) return rc;
+        if ((rc = read_str(&s, "model_type", NULL, &mt, err)))
+            return rc;
         if (strcmp(mt, "kimi_linear"))
             return k3_fail(err, K3_ERR_UNSUPPORTED,
                            "%s: text_config.model_type: \"%s\" is not supported (expected "
@@ -526,16 +557,19 @@ int k3_model_config_parse(k3_model_config *mc, const cJSON *root, const char *wh
                        "\"kimi_linear\")",
                        what, mt);
     }
-    if ((rc = check_arch(s.obj, what, s.pfx, "KimiLinearForCausalLM", err))) return rc;
+    if ((rc = check_arch(s.obj, what, s.pfx, "KimiLinearForCausalLM", err)))
+        return rc;
     int64_t *kda = NULL, *mla = NULL, nk = 0, nm = 0;
     rc = parse_text(mc, &s, &kda, &nk, &mla, &nm, err);
-    if (!rc) rc = k3_model_config_set_layers(mc, kda, nk, mla, nm, what, err);
+    if (!rc)
+        rc = k3_model_config_set_layers(mc, kda, nk, mla, nm, what, err);
     free(kda);
     free(mla);
     if (!rc) {
         rc = validate(mc, what, s.pfx, err);
     }
-    if (rc) k3_model_config_free(mc);
+    if (rc)
+        k3_model_config_free(mc);
     return rc;
 }
 
@@ -543,7 +577,8 @@ int k3_model_config_load(k3_model_config *mc, const char *path, k3_error *err) {
     memset(mc, 0, sizeof *mc);
     cJSON *root = NULL;
     int rc = k3_json_parse_file(&root, path, CONFIG_MAX_BYTES, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     rc = k3_model_config_parse(mc, root, path, err);
     cJSON_Delete(root);
     return rc;
@@ -558,7 +593,8 @@ static bool add_int(cJSON *o, const char *key, int64_t v) {
 static bool add_layer_lists(const k3_model_config *mc, cJSON *lin) {
     cJSON *kda = cJSON_AddArrayToObject(lin, "kda_layers");
     cJSON *mla = cJSON_AddArrayToObject(lin, "full_attn_layers");
-    if (!kda || !mla) return false;
+    if (!kda || !mla)
+        return false;
     for (int64_t l = 0; l < mc->num_hidden_layers; l++) {
         cJSON *n = cJSON_CreateNumber((double)(l + 1)); /* the file is 1-indexed */
         if (!n || !cJSON_AddItemToArray(mc->layers[l].attn == K3_ATTN_MLA ? mla : kda, n)) {
@@ -572,7 +608,8 @@ static bool add_layer_lists(const k3_model_config *mc, cJSON *lin) {
 static cJSON *text_json(const k3_model_config *mc) {
     cJSON *o = cJSON_CreateObject(), *lin = cJSON_CreateObject();
     bool ok = o && lin && cJSON_AddItemToObject(o, "linear_attn_config", lin);
-    if (!ok) cJSON_Delete(lin);
+    if (!ok)
+        cJSON_Delete(lin);
     cJSON *arch = ok ? cJSON_AddArrayToObject(o, "architectures") : NULL;
     ok = ok && arch && cJSON_AddItemToArray(arch, cJSON_CreateString("KimiLinearForCausalLM")) &&
          cJSON_AddStringToObject(o, "model_type", "kimi_linear");
@@ -591,7 +628,8 @@ static cJSON *text_json(const k3_model_config *mc) {
     for (size_t i = 0; ok && i < N_OF(dbl_fields); i++)
         ok = cJSON_AddNumberToObject(o, dbl_fields[i].key, CFIELD(mc, double, dbl_fields[i].off)) !=
              NULL;
-    ok = ok && cJSON_AddStringToObject(o, "hidden_act", mc->hidden_act == K3_ACT_SITU ? "situ" : "silu");
+    ok = ok &&
+         cJSON_AddStringToObject(o, "hidden_act", mc->hidden_act == K3_ACT_SITU ? "situ" : "silu");
     if (ok && mc->hidden_act == K3_ACT_SITU)
         ok = cJSON_AddNumberToObject(o, "activation_situ_beta", mc->situ_beta) &&
              cJSON_AddNumberToObject(o, "activation_situ_linear_beta", mc->situ_linear_beta);
@@ -611,9 +649,11 @@ static cJSON *text_json(const k3_model_config *mc) {
 int k3_model_config_to_json(const k3_model_config *mc, cJSON **out, k3_error *err) {
     *out = NULL;
     int rc = k3_model_config_validate(mc, "model config", err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     cJSON *text = text_json(mc);
-    if (!text) return k3_fail(err, K3_ERR_NOMEM, "model config: out of memory writing JSON");
+    if (!text)
+        return k3_fail(err, K3_ERR_NOMEM, "model config: out of memory writing JSON");
     if (!mc->wrapped) {
         *out = text;
         return K3_OK;
@@ -632,7 +672,8 @@ int k3_model_config_to_json(const k3_model_config *mc, cJSON **out, k3_error *er
               cJSON_AddStringToObject(top, "dtype", "bfloat16") &&
               cJSON_AddItemToObject(top, "text_config", text);
     if (!ok) {
-        if (!top || !cJSON_GetObjectItemCaseSensitive(top, "text_config")) cJSON_Delete(text);
+        if (!top || !cJSON_GetObjectItemCaseSensitive(top, "text_config"))
+            cJSON_Delete(text);
         cJSON_Delete(top);
         return k3_fail(err, K3_ERR_NOMEM, "model config: out of memory writing JSON");
     }
@@ -644,7 +685,8 @@ int k3_model_config_write(const k3_model_config *mc, const cJSON *quantization_c
                           const char *path, k3_error *err) {
     cJSON *root = NULL;
     int rc = k3_model_config_to_json(mc, &root, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (quantization_config) {
         cJSON *q = cJSON_Duplicate(quantization_config, true);
         if (!q || !cJSON_AddItemToObject(root, "quantization_config", q)) {
@@ -655,7 +697,8 @@ int k3_model_config_write(const k3_model_config *mc, const cJSON *quantization_c
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
-    if (!text) return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", path);
+    if (!text)
+        return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", path);
     FILE *f = fopen(path, "wb");
     if (!f) {
         rc = k3_fail(err, K3_ERR_IO, "%s: %s", path, strerror(errno));
@@ -666,6 +709,7 @@ int k3_model_config_write(const k3_model_config *mc, const cJSON *quantization_c
     bool ok = fwrite(text, 1, n, f) == n && fputc('\n', f) != EOF;
     ok = (fclose(f) == 0) && ok;
     free(text);
-    if (!ok) return k3_fail(err, K3_ERR_IO, "%s: write failed", path);
+    if (!ok)
+        return k3_fail(err, K3_ERR_IO, "%s: write failed", path);
     return K3_OK;
 }

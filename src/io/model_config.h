@@ -60,19 +60,19 @@
 
 /* Upper bounds on everything that sizes an array (a hostile config.json must not make the
  * loader allocate terabytes). K3 sits well inside each. */
-#define K3_MAX_LAYERS 512
-#define K3_MAX_VOCAB (1 << 22)
-#define K3_MAX_HIDDEN 65536
-#define K3_MAX_INTER (1 << 18)
-#define K3_MAX_HEADS 1024
-#define K3_MAX_HEAD_DIM 1024
-#define K3_MAX_LORA_RANK 16384
-#define K3_MAX_EXPERTS 4096
-#define K3_MAX_TOPK 64
-#define K3_MAX_SHARED 64
+#define K3_MAX_LAYERS      512
+#define K3_MAX_VOCAB       (1 << 22)
+#define K3_MAX_HIDDEN      65536
+#define K3_MAX_INTER       (1 << 18)
+#define K3_MAX_HEADS       1024
+#define K3_MAX_HEAD_DIM    1024
+#define K3_MAX_LORA_RANK   16384
+#define K3_MAX_EXPERTS     4096
+#define K3_MAX_TOPK        64
+#define K3_MAX_SHARED      64
 #define K3_MAX_CONV_KERNEL 64
-#define K3_MAX_POSITIONS (1 << 26)
-#define K3_MAX_MTP_LAYERS 16
+#define K3_MAX_POSITIONS   (1 << 26)
+#define K3_MAX_MTP_LAYERS  16
 
 typedef enum k3_attn_kind { K3_ATTN_KDA = 0, K3_ATTN_MLA = 1 } k3_attn_kind;
 typedef enum k3_ffn_kind { K3_FFN_DENSE = 0, K3_FFN_MOE = 1 } k3_ffn_kind;
@@ -86,9 +86,9 @@ typedef struct k3_layer_plan {
 } k3_layer_plan;
 
 typedef struct k3_model_config {
-    bool wrapped;              /* top-level model_type "kimi_k3" with text_config */
+    bool wrapped; /* top-level model_type "kimi_k3" with text_config */
     int64_t vocab_size;
-    int64_t hidden_size;       /* d */
+    int64_t hidden_size; /* d */
     int64_t num_hidden_layers;
     int64_t num_attention_heads; /* MLA query heads */
     int64_t num_key_value_heads;
@@ -101,37 +101,37 @@ typedef struct k3_model_config {
     int64_t max_position_embeddings;
 
     /* MLA */
-    int64_t q_lora_rank;       /* 0: no query down-projection, plain q_proj */
+    int64_t q_lora_rank; /* 0: no query down-projection, plain q_proj */
     int64_t kv_lora_rank;
     int64_t qk_nope_head_dim;
     int64_t qk_rope_head_dim;
     int64_t v_head_dim;
-    bool mla_use_nope;         /* always true once parsed (false is rejected) */
-    bool mla_use_output_gate;  /* sigmoid g_proj gate before o_proj */
+    bool mla_use_nope;        /* always true once parsed (false is rejected) */
+    bool mla_use_output_gate; /* sigmoid g_proj gate before o_proj */
 
     /* KDA (linear_attn_config) */
     int64_t kda_num_heads;
     int64_t kda_head_dim;
-    int64_t kda_conv_kernel;   /* short_conv_kernel_size */
-    bool kda_full_rank_gate;   /* g_proj, else g_a_proj/g_b_proj */
-    bool kda_has_lower_bound;  /* decay = lb*sigmoid(exp(A_log)*(f+dt_bias)); else softplus form */
+    int64_t kda_conv_kernel;  /* short_conv_kernel_size */
+    bool kda_full_rank_gate;  /* g_proj, else g_a_proj/g_b_proj */
+    bool kda_has_lower_bound; /* decay = lb*sigmoid(exp(A_log)*(f+dt_bias)); else softplus form */
     double kda_gate_lower_bound; /* < 0 when present; 0 when absent */
 
     /* MoE */
     int64_t first_k_dense_replace;
-    int64_t moe_layer_freq;    /* layer l >= first_k_dense_replace is MoE iff l % freq == 0 */
+    int64_t moe_layer_freq; /* layer l >= first_k_dense_replace is MoE iff l % freq == 0 */
     int64_t num_experts;
     int64_t num_experts_per_token;
     int64_t num_shared_experts;
     int64_t moe_intermediate_size;
     int64_t routed_expert_hidden_size; /* 0: experts at hidden_size (no latent MoE) */
     bool latent_moe_use_norm;
-    k3_route_fn route_fn;      /* K3_ROUTE_NOAUX_TC: sigmoid + noaux_tc is all k3 accepts */
+    k3_route_fn route_fn; /* K3_ROUTE_NOAUX_TC: sigmoid + noaux_tc is all k3 accepts */
     bool moe_renormalize;
     double routed_scaling_factor; /* finite, > 0 */
     bool use_grouped_topk;
-    int64_t num_expert_group;  /* n_group: divides num_experts */
-    int64_t topk_group;        /* 1..num_expert_group */
+    int64_t num_expert_group; /* n_group: divides num_experts */
+    int64_t topk_group;       /* 1..num_expert_group */
 
     int64_t attn_res_block_size; /* 0: plain pre-norm residuals */
     int64_t num_nextn_predict_layers;
@@ -140,14 +140,13 @@ typedef struct k3_model_config {
     double initializer_range;
     bool use_cache;
 
-    k3_layer_plan *layers;     /* [num_hidden_layers], owned */
+    k3_layer_plan *layers;       /* [num_hidden_layers], owned */
     int64_t n_kda, n_mla, n_moe; /* layer counts by kind */
 } k3_model_config;
 
 /* Parses a config.json already read as JSON (root: the whole file). what names the source
  * in messages, e.g. "DIR/config.json". On failure *mc is left freed (safe to free again). */
-int k3_model_config_parse(k3_model_config *mc, const cJSON *root, const char *what,
-                          k3_error *err);
+int k3_model_config_parse(k3_model_config *mc, const cJSON *root, const char *what, k3_error *err);
 /* Reads and parses a config.json file (capped at a few MiB). */
 int k3_model_config_load(k3_model_config *mc, const char *path, k3_error *err);
 void k3_model_config_free(k3_model_config *mc);

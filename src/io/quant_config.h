@@ -54,42 +54,42 @@ typedef enum k3_qsource {
 
 /* One quantized_layers entry. */
 typedef struct k3_qlayer {
-    char *name;          /* module name as written */
-    char *algo;          /* canonical (see above); NULL when the entry has none */
-    char *as_written;    /* the algo string as the file spells it (the writer keeps it) */
-    int64_t group_size;  /* -1 when absent */
+    char *name;         /* module name as written */
+    char *algo;         /* canonical (see above); NULL when the entry has none */
+    char *as_written;   /* the algo string as the file spells it (the writer keeps it) */
+    int64_t group_size; /* -1 when absent */
 } k3_qlayer;
 
 /* An exclude / ignore / target pattern. */
 typedef struct k3_qpattern {
-    char *text;          /* as written, "re:" included */
-    void *re;            /* pcre2_code * for "re:" patterns, compiled once; else NULL */
+    char *text; /* as written, "re:" included */
+    void *re;   /* pcre2_code * for "re:" patterns, compiled once; else NULL */
 } k3_qpattern;
 
 /* One compressed-tensors config_group. */
 typedef struct k3_ct_group {
-    char *name;          /* "group_0" */
+    char *name; /* "group_0" */
     k3_qpattern *targets;
     size_t n_targets;
-    char *format;        /* the group's format, else the top-level one (may be NULL) */
-    char *type;          /* weights.type: "float" / "int" */
-    int64_t num_bits;    /* weights.num_bits */
-    int64_t group_size;  /* weights.group_size, -1 when absent/null */
+    char *format;           /* the group's format, else the top-level one (may be NULL) */
+    char *type;             /* weights.type: "float" / "int" */
+    int64_t num_bits;       /* weights.num_bits */
+    int64_t group_size;     /* weights.group_size, -1 when absent/null */
     bool input_activations; /* an input_activations descriptor is present (not null) */
-    k3_qscheme scheme;   /* dispatched from (format, type, num_bits, group_size) */
+    k3_qscheme scheme;      /* dispatched from (format, type, num_bits, group_size) */
 } k3_ct_group;
 
 typedef struct k3_quant_config {
     k3_qsource source;
-    char *origin;        /* which file/object was authoritative, for messages */
-    char *quant_algo;    /* ModelOpt top level, canonical; NULL when null */
+    char *origin;              /* which file/object was authoritative, for messages */
+    char *quant_algo;          /* ModelOpt top level, canonical; NULL when null */
     char *kv_cache_quant_algo; /* canonical ("FP8", "NVFP4", "INT8", ...), NULL when none */
-    int64_t group_size;  /* ModelOpt single-format group_size, -1 when absent */
-    k3_qlayer *layers;   /* quantized_layers, sorted by name (bsearch) */
+    int64_t group_size;        /* ModelOpt single-format group_size, -1 when absent */
+    k3_qlayer *layers;         /* quantized_layers, sorted by name (bsearch) */
     size_t n_layers;
     k3_qpattern *exclude; /* ModelOpt exclude_modules, or compressed-tensors ignore */
     size_t n_exclude;
-    char *ct_format;     /* compressed-tensors top-level format */
+    char *ct_format; /* compressed-tensors top-level format */
     k3_ct_group *groups;
     size_t n_groups;
     bool inline_diverges;   /* the inline copy disagreed with hf_quant_config.json */
@@ -134,8 +134,7 @@ k3_qscheme k3_qscheme_of_algo(const char *algo);
 const char *k3_qscheme_name(k3_qscheme s);
 
 /* The declared scheme of one module (a weight's name without `.weight`). */
-int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *out,
-                     k3_error *err);
+int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *out, k3_error *err);
 /* The routed-expert scheme of layer `layer` (0-indexed): looks up
  * {language_model.model.|model.|}layers.{i}.{block_sparse_moe.experts|mlp.experts} and
  * every per-expert entry below them; disagreeing declarations are an error naming both. */

@@ -11,13 +11,14 @@
 #include <strings.h>
 
 #define NAME_MAX_LEN 1024
-#define N_VARIANTS 4
+#define N_VARIANTS   4
 
 /* The spellings of one module: as given, without `language_model.`, with it, and (under
  * `model.`) without `model.` too. Duplicates are dropped. Returns the count. */
 static int variants(const char *module, char out[N_VARIANTS][NAME_MAX_LEN]) {
     const char *s1 = module;
-    if (!strncmp(s1, "language_model.", 15)) s1 += 15;
+    if (!strncmp(s1, "language_model.", 15))
+        s1 += 15;
     const char *cand[N_VARIANTS] = {module, s1, NULL, NULL};
     char with_lm[NAME_MAX_LEN];
     snprintf(with_lm, sizeof with_lm, "language_model.%s", s1);
@@ -25,10 +26,13 @@ static int variants(const char *module, char out[N_VARIANTS][NAME_MAX_LEN]) {
     cand[3] = !strncmp(s1, "model.", 6) ? s1 + 6 : NULL;
     int n = 0;
     for (int i = 0; i < N_VARIANTS; i++) {
-        if (!cand[i]) continue;
+        if (!cand[i])
+            continue;
         bool dup = false;
-        for (int j = 0; j < n && !dup; j++) dup = !strcmp(out[j], cand[i]);
-        if (!dup) snprintf(out[n++], NAME_MAX_LEN, "%s", cand[i]);
+        for (int j = 0; j < n && !dup; j++)
+            dup = !strcmp(out[j], cand[i]);
+        if (!dup)
+            snprintf(out[n++], NAME_MAX_LEN, "%s", cand[i]);
     }
     return n;
 }
@@ -36,10 +40,14 @@ static int variants(const char *module, char out[N_VARIANTS][NAME_MAX_LEN]) {
 static int natural_group(k3_qscheme s) {
     switch (s) {
     case K3_QS_NVFP4:
-    case K3_QS_NVFP4_CT: return 16;
-    case K3_QS_MXFP4: return 32;
-    case K3_QS_FP8_BLOCK: return 128;
-    default: return -1;
+    case K3_QS_NVFP4_CT:
+        return 16;
+    case K3_QS_MXFP4:
+        return 32;
+    case K3_QS_FP8_BLOCK:
+        return 128;
+    default:
+        return -1;
     }
 }
 
@@ -48,9 +56,12 @@ static const k3_qlayer *find_layer(const k3_quant_config *qc, const char *name) 
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(qc->layers[mid].name, name);
-        if (!c) return &qc->layers[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (!c)
+            return &qc->layers[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -60,8 +71,10 @@ static size_t lower_bound(const k3_quant_config *qc, const char *key) {
     size_t lo = 0, hi = qc->n_layers;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(qc->layers[mid].name, key) < 0) lo = mid + 1;
-        else hi = mid;
+        if (strcmp(qc->layers[mid].name, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -72,23 +85,28 @@ static const k3_qlayer *find_self_or_ancestor(const k3_quant_config *qc, const c
     snprintf(buf, sizeof buf, "%s", name);
     for (;;) {
         const k3_qlayer *l = find_layer(qc, buf);
-        if (l) return l;
+        if (l)
+            return l;
         char *dot = strrchr(buf, '.');
-        if (!dot) return NULL;
+        if (!dot)
+            return NULL;
         *dot = '\0';
     }
 }
 
 /* An exclude pattern matching name or one of its ancestors. */
 static const k3_qpattern *excluded(const k3_quant_config *qc, const char *name) {
-    if (!qc->n_exclude) return NULL;
+    if (!qc->n_exclude)
+        return NULL;
     char buf[NAME_MAX_LEN];
     snprintf(buf, sizeof buf, "%s", name);
     for (;;) {
         for (size_t i = 0; i < qc->n_exclude; i++)
-            if (k3_qpattern_match(&qc->exclude[i], buf)) return &qc->exclude[i];
+            if (k3_qpattern_match(&qc->exclude[i], buf))
+                return &qc->exclude[i];
         char *dot = strrchr(buf, '.');
-        if (!dot) return NULL;
+        if (!dot)
+            return NULL;
         *dot = '\0';
     }
 }
@@ -134,7 +152,8 @@ static void resolve_modelopt(const k3_quant_config *qc, char v[N_VARIANTS][NAME_
             return;
         }
     }
-    if (is_single_format(qc)) decl_single(qc, out);
+    if (is_single_format(qc))
+        decl_single(qc, out);
 }
 
 static void resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
@@ -152,10 +171,13 @@ static void resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LE
             for (size_t t = 0; t < grp->n_targets; t++) {
                 const k3_qpattern *p = &grp->targets[t];
                 bool cls = !strcmp(p->text, "Linear");
-                if (cls != (bool)by_class) continue;
+                if (cls != (bool)by_class)
+                    continue;
                 bool hit = cls;
-                for (int i = 0; i < nv && !hit; i++) hit = k3_qpattern_match(p, v[i]);
-                if (!hit) continue;
+                for (int i = 0; i < nv && !hit; i++)
+                    hit = k3_qpattern_match(p, v[i]);
+                if (!hit)
+                    continue;
                 out->scheme = grp->scheme;
                 out->algo = grp->format ? grp->format : "compressed-tensors";
                 out->group_size = grp->group_size;
@@ -166,15 +188,17 @@ static void resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LE
         }
 }
 
-int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *out,
-                     k3_error *err) {
+int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *out, k3_error *err) {
     *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1};
     int rc = check_name(module, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     char v[N_VARIANTS][NAME_MAX_LEN];
     int nv = variants(module, v);
-    if (qc->source == K3_QSRC_MODELOPT) resolve_modelopt(qc, v, nv, out);
-    else if (qc->source == K3_QSRC_COMPRESSED_TENSORS) resolve_ct(qc, v, nv, out);
+    if (qc->source == K3_QSRC_MODELOPT)
+        resolve_modelopt(qc, v, nv, out);
+    else if (qc->source == K3_QSRC_COMPRESSED_TENSORS)
+        resolve_ct(qc, v, nv, out);
     return K3_OK;
 }
 
@@ -190,7 +214,8 @@ static int merge(k3_qdecl *acc, bool *have, const k3_qdecl *d, int64_t layer, k3
         *have = true;
         return K3_OK;
     }
-    if (same_decl(acc, d)) return K3_OK;
+    if (same_decl(acc, d))
+        return K3_OK;
     return k3_fail(err, K3_ERR_FORMAT,
                    "layer %lld routed experts: declared %s (group %lld) by \"%s\" but %s (group "
                    "%lld) by \"%s\"",
@@ -224,26 +249,33 @@ static int experts_modelopt(const k3_quant_config *qc, int64_t layer, k3_qdecl *
                 /* an exclusion of a declared name wins, as in k3_quant_resolve */
                 const k3_qpattern *x = l ? ex : excluded(qc, e->name);
                 k3_qdecl d = {.scheme = K3_QS_NONE, .group_size = -1};
-                if (x) d.matched = x->text;
-                else decl_of_layer(e, &d);
-                if ((rc = merge(out, &have, &d, layer, err))) return rc;
+                if (x)
+                    d.matched = x->text;
+                else
+                    decl_of_layer(e, &d);
+                if ((rc = merge(out, &have, &d, layer, err)))
+                    return rc;
                 declared = true;
             }
             /* an exclusion of a spelling nothing declares counts only if nothing else does */
-            if (!declared && ex && !any_ex) any_ex = ex;
+            if (!declared && ex && !any_ex)
+                any_ex = ex;
         }
     if (!have && any_ex) {
         *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1, .matched = any_ex->text};
         return K3_OK;
     }
-    if (have) return K3_OK;
+    if (have)
+        return K3_OK;
     if (is_single_format(qc)) {
         decl_single(qc, out);
         return K3_OK;
     }
     /* Nothing declared: TensorRT-LLM's default for K3 routed experts, the W4A8_MXFP4_MXFP8
      * weights of the original moonshotai/Kimi-K3. */
-    *out = (k3_qdecl){.scheme = K3_QS_MXFP4, .algo = "W4A8_MXFP4_MXFP8", .group_size = 32,
+    *out = (k3_qdecl){.scheme = K3_QS_MXFP4,
+                      .algo = "W4A8_MXFP4_MXFP8",
+                      .group_size = 32,
                       .matched = "default (no declaration for this layer's experts)",
                       .defaulted = true};
     return K3_OK;
@@ -255,8 +287,10 @@ int k3_quant_resolve_experts(const k3_quant_config *qc, int64_t layer, k3_qdecl 
     if (layer < 0 || layer >= K3_MAX_LAYERS)
         return k3_fail(err, K3_ERR_ARG, "expert quantization lookup: layer %lld out of range",
                        (long long)layer);
-    if (qc->source == K3_QSRC_MODELOPT) return experts_modelopt(qc, layer, out, err);
-    if (qc->source != K3_QSRC_COMPRESSED_TENSORS) return K3_OK; /* plain checkpoint */
+    if (qc->source == K3_QSRC_MODELOPT)
+        return experts_modelopt(qc, layer, out, err);
+    if (qc->source != K3_QSRC_COMPRESSED_TENSORS)
+        return K3_OK; /* plain checkpoint */
     /* compressed-tensors: the three projections of one expert must agree; every other
      * expert tensor is resolved again by the loader with k3_quant_resolve */
     static const char *const w[] = {"w1", "w2", "w3"};
@@ -267,8 +301,10 @@ int k3_quant_resolve_experts(const k3_quant_config *qc, int64_t layer, k3_qdecl 
                  (long long)layer, w[i]);
         k3_qdecl d;
         int rc = k3_quant_resolve(qc, name, &d, err);
-        if (!rc) rc = merge(out, &have, &d, layer, err);
-        if (rc) return rc;
+        if (!rc)
+            rc = merge(out, &have, &d, layer, err);
+        if (rc)
+            return rc;
     }
     return K3_OK;
 }

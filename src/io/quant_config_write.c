@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int oom(k3_error *err) { return k3_fail(err, K3_ERR_NOMEM, "quant config: out of memory"); }
+static int oom(k3_error *err) {
+    return k3_fail(err, K3_ERR_NOMEM, "quant config: out of memory");
+}
 
 int k3_quant_config_add_layer(k3_quant_config *qc, const char *name, const char *algo,
                               int64_t group_size, k3_error *err) {
@@ -27,15 +29,20 @@ int k3_quant_config_add_layer(k3_quant_config *qc, const char *name, const char 
         if (!c)
             return k3_fail(err, K3_ERR_DUPLICATE, "quant config: quantized_layers.%s: added twice",
                            name);
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     k3_qlayer *nl = realloc(qc->layers, (qc->n_layers + 1) * sizeof *nl);
-    if (!nl) return oom(err);
+    if (!nl)
+        return oom(err);
     qc->layers = nl;
     const char *canon = k3_quant_algo_canonical(algo);
-    k3_qlayer l = {.name = strdup(name), .algo = strdup(canon ? canon : algo),
-                   .as_written = strdup(algo), .group_size = group_size};
+    k3_qlayer l = {.name = strdup(name),
+                   .algo = strdup(canon ? canon : algo),
+                   .as_written = strdup(algo),
+                   .group_size = group_size};
     if (!l.name || !l.algo || !l.as_written) {
         free(l.name), free(l.algo), free(l.as_written);
         return oom(err);
@@ -46,17 +53,20 @@ int k3_quant_config_add_layer(k3_quant_config *qc, const char *name, const char 
     if (qc->source == K3_QSRC_NONE) {
         qc->source = K3_QSRC_MODELOPT;
         free(qc->quant_algo);
-        if (!(qc->quant_algo = strdup("MIXED_PRECISION"))) return oom(err);
+        if (!(qc->quant_algo = strdup("MIXED_PRECISION")))
+            return oom(err);
     }
     return K3_OK;
 }
 
 int k3_quant_config_add_exclude(k3_quant_config *qc, const char *pattern, k3_error *err) {
     k3_qpattern *np = realloc(qc->exclude, (qc->n_exclude + 1) * sizeof *np);
-    if (!np) return oom(err);
+    if (!np)
+        return oom(err);
     qc->exclude = np;
     int rc = k3_qpattern_compile(&np[qc->n_exclude], pattern, "quant config: exclude", err);
-    if (!rc) qc->n_exclude++;
+    if (!rc)
+        qc->n_exclude++;
     return rc;
 }
 
@@ -64,12 +74,12 @@ int k3_quant_config_add_exclude(k3_quant_config *qc, const char *pattern, k3_err
  * nvidia/Kimi-K3-NVFP4; KDA o_proj is not in it). */
 static int plan_attention(k3_quant_config *qc, const k3_model_config *mc, const char *prefix,
                           int64_t l, k3_error *err) {
-    static const char *const kda_full[] = {"q_proj", "k_proj", "v_proj", "g_proj",
+    static const char *const kda_full[] = {"q_proj",   "k_proj", "v_proj",  "g_proj",
                                            "f_a_proj", "b_proj", "f_b_proj"};
-    static const char *const kda_lowrank[] = {"q_proj", "k_proj", "v_proj", "g_a_proj",
+    static const char *const kda_lowrank[] = {"q_proj",   "k_proj",   "v_proj", "g_a_proj",
                                               "g_b_proj", "f_a_proj", "b_proj", "f_b_proj"};
-    static const char *const mla_lora[] = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-                                           "kv_b_proj", "o_proj", "g_proj"};
+    static const char *const mla_lora[] = {"q_a_proj",  "q_b_proj", "kv_a_proj_with_mqa",
+                                           "kv_b_proj", "o_proj",   "g_proj"};
     static const char *const mla_plain[] = {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
                                             "g_proj"};
     const char *const *names;
@@ -86,7 +96,8 @@ static int plan_attention(k3_quant_config *qc, const k3_model_config *mc, const 
         snprintf(name, sizeof name, "%smodel.layers.%lld.self_attn.%s", prefix, (long long)l,
                  names[i]);
         int rc = k3_quant_config_add_layer(qc, name, "FP8_PB_WO", -1, err);
-        if (rc) return rc;
+        if (rc)
+            return rc;
     }
     return K3_OK;
 }
@@ -96,8 +107,8 @@ int k3_quant_plan_modelopt(k3_quant_config *qc, const k3_model_config *mc, const
     if (qc->source != K3_QSRC_NONE || qc->n_layers || qc->n_exclude)
         return k3_fail(err, K3_ERR_ARG, "quant plan: the config must be freshly initialized");
     if (strcmp(prefix, "") && strcmp(prefix, "language_model."))
-        return k3_fail(err, K3_ERR_ARG, "quant plan: prefix \"%s\" (expected \"\" or \"language_model.\")",
-                       prefix);
+        return k3_fail(err, K3_ERR_ARG,
+                       "quant plan: prefix \"%s\" (expected \"\" or \"language_model.\")", prefix);
     qc->source = K3_QSRC_MODELOPT;
     char ver[64];
     snprintf(ver, sizeof ver, "k3 %s", k3_version());
@@ -109,7 +120,8 @@ int k3_quant_plan_modelopt(k3_quant_config *qc, const k3_model_config *mc, const
     int rc;
     for (int64_t l = 0; l < mc->num_hidden_layers; l++) {
         if ((flags & K3_QPLAN_EXPERTS_NVFP4) && mc->layers[l].ffn == K3_FFN_MOE) {
-            int np = (flags & K3_QPLAN_ALL_PREFIXES) ? 3 : 1, ns = (flags & K3_QPLAN_ALL_PREFIXES) ? 2 : 1;
+            int np = (flags & K3_QPLAN_ALL_PREFIXES) ? 3 : 1,
+                ns = (flags & K3_QPLAN_ALL_PREFIXES) ? 2 : 1;
             for (int p = 0; p < np; p++)
                 for (int s = 0; s < ns; s++) {
                     char name[256];
@@ -119,10 +131,12 @@ int k3_quant_plan_modelopt(k3_quant_config *qc, const k3_model_config *mc, const
                     else
                         snprintf(name, sizeof name, "%smodel.layers.%lld.block_sparse_moe.experts",
                                  prefix, (long long)l);
-                    if ((rc = k3_quant_config_add_layer(qc, name, "NVFP4", 16, err))) return rc;
+                    if ((rc = k3_quant_config_add_layer(qc, name, "NVFP4", 16, err)))
+                        return rc;
                 }
         }
-        if ((flags & K3_QPLAN_ATTN_FP8) && (rc = plan_attention(qc, mc, prefix, l, err))) return rc;
+        if ((flags & K3_QPLAN_ATTN_FP8) && (rc = plan_attention(qc, mc, prefix, l, err)))
+            return rc;
     }
     /* routers and lm_head stay BF16; ModelOpt lists routers explicitly (MO-QU) */
     char pat[128];
@@ -140,29 +154,33 @@ int k3_quant_plan_ct(k3_quant_config *qc, k3_qscheme scheme, const char *const *
     if (qc->source != K3_QSRC_NONE || qc->n_groups || qc->n_exclude)
         return k3_fail(err, K3_ERR_ARG, "quant plan: the config must be freshly initialized");
     if (scheme != K3_QS_NVFP4_CT && scheme != K3_QS_MXFP4)
-        return k3_fail(err, K3_ERR_ARG, "quant plan: compressed-tensors writes NVFP4 or MXFP4, not %s",
+        return k3_fail(err, K3_ERR_ARG,
+                       "quant plan: compressed-tensors writes NVFP4 or MXFP4, not %s",
                        k3_qscheme_name(scheme));
     bool nv = scheme == K3_QS_NVFP4_CT;
     const char *fmt = nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized";
     qc->source = K3_QSRC_COMPRESSED_TENSORS;
     qc->groups = calloc(1, sizeof *qc->groups);
-    if (!qc->groups) return oom(err);
+    if (!qc->groups)
+        return oom(err);
     qc->n_groups = 1;
     k3_ct_group *g = &qc->groups[0];
     g->targets = calloc(1, sizeof *g->targets);
     if (!(qc->ct_format = strdup(fmt)) || !(qc->origin = strdup("k3 quant plan")) ||
-        !(g->name = strdup("group_0")) || !(g->format = strdup(fmt)) || !(g->type = strdup("float")) ||
-        !g->targets)
+        !(g->name = strdup("group_0")) || !(g->format = strdup(fmt)) ||
+        !(g->type = strdup("float")) || !g->targets)
         return oom(err);
     int rc = k3_qpattern_compile(&g->targets[0], "Linear", "quant plan", err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     g->n_targets = 1;
     g->num_bits = 4;
     g->group_size = nv ? 16 : 32;
     g->input_activations = nv; /* NVFP4: dynamic "local" activations; MXFP4 experts: none */
     g->scheme = scheme;
     for (size_t i = 0; i < n_ignore; i++)
-        if ((rc = k3_quant_config_add_exclude(qc, ignore[i], err))) return rc;
+        if ((rc = k3_quant_config_add_exclude(qc, ignore[i], err)))
+            return rc;
     return K3_OK;
 }
 
@@ -173,8 +191,10 @@ static cJSON *layers_json(const k3_quant_config *qc) {
     for (size_t i = 0; o && i < qc->n_layers; i++) {
         const k3_qlayer *l = &qc->layers[i];
         cJSON *e = cJSON_CreateObject();
-        bool ok = e && cJSON_AddStringToObject(e, "quant_algo", l->as_written ? l->as_written : l->algo) &&
-                  (l->group_size < 0 || cJSON_AddNumberToObject(e, "group_size", (double)l->group_size));
+        bool ok =
+            e &&
+            cJSON_AddStringToObject(e, "quant_algo", l->as_written ? l->as_written : l->algo) &&
+            (l->group_size < 0 || cJSON_AddNumberToObject(e, "group_size", (double)l->group_size));
         if (!ok || !cJSON_AddItemToObject(o, l->name, e)) {
             cJSON_Delete(e);
             cJSON_Delete(o);
@@ -200,7 +220,8 @@ static cJSON *patterns_json(const k3_quant_config *qc) {
 static bool add_producer(cJSON *o, const k3_quant_config *qc) {
     cJSON *p = cJSON_AddObjectToObject(o, "producer");
     return p && cJSON_AddStringToObject(p, "name", "modelopt") &&
-           cJSON_AddStringToObject(p, "version", qc->producer_version ? qc->producer_version : "unknown");
+           cJSON_AddStringToObject(p, "version",
+                                   qc->producer_version ? qc->producer_version : "unknown");
 }
 
 static bool add_str_or_null(cJSON *o, const char *key, const char *v) {
@@ -214,7 +235,8 @@ int k3_quant_config_to_hf_json(const k3_quant_config *qc, cJSON **out, k3_error 
     cJSON *root = cJSON_CreateObject();
     cJSON *q = root ? cJSON_CreateObject() : NULL;
     bool ok = q && add_producer(root, qc) && cJSON_AddItemToObject(root, "quantization", q);
-    if (!ok) cJSON_Delete(q);
+    if (!ok)
+        cJSON_Delete(q);
     ok = ok && add_str_or_null(q, "quant_algo", qc->quant_algo) &&
          add_str_or_null(q, "kv_cache_quant_algo", qc->kv_cache_quant_algo);
     if (ok && qc->group_size >= 0)
@@ -222,7 +244,8 @@ int k3_quant_config_to_hf_json(const k3_quant_config *qc, cJSON **out, k3_error 
     if (ok && qc->n_layers) {
         cJSON *l = layers_json(qc);
         ok = l && cJSON_AddItemToObject(q, "quantized_layers", l);
-        if (!ok) cJSON_Delete(l);
+        if (!ok)
+            cJSON_Delete(l);
     }
     cJSON *ex = ok ? patterns_json(qc) : NULL;
     ok = ok && ex && cJSON_AddItemToObject(q, "exclude_modules", ex);
@@ -238,7 +261,8 @@ int k3_quant_config_to_hf_json(const k3_quant_config *qc, cJSON **out, k3_error 
 static cJSON *descriptor(int bits, const char *strategy, int64_t group, const char *dynamic_str) {
     cJSON *d = cJSON_CreateObject();
     bool ok = d && cJSON_AddNumberToObject(d, "num_bits", bits) &&
-              cJSON_AddStringToObject(d, "type", "float") && cJSON_AddStringToObject(d, "strategy", strategy) &&
+              cJSON_AddStringToObject(d, "type", "float") &&
+              cJSON_AddStringToObject(d, "strategy", strategy) &&
               (group < 0 || cJSON_AddNumberToObject(d, "group_size", (double)group)) &&
               cJSON_AddBoolToObject(d, "symmetric", true) &&
               (dynamic_str ? cJSON_AddStringToObject(d, "dynamic", dynamic_str) != NULL
@@ -272,11 +296,15 @@ static cJSON *modelopt_groups(const k3_quant_config *qc) {
         cJSON *w = nv ? descriptor(4, "tensor_group", 16, NULL) : descriptor(8, "block", -1, NULL);
         cJSON *in = nv ? descriptor(4, "tensor_group", 16, NULL) : NULL;
         bool ok = g && w && cJSON_AddItemToObject(g, "weights", w);
-        if (!ok) cJSON_Delete(w);
-        if (ok && in) ok = cJSON_AddItemToObject(g, "input_activations", in);
-        else cJSON_Delete(in);
+        if (!ok)
+            cJSON_Delete(w);
+        if (ok && in)
+            ok = cJSON_AddItemToObject(g, "input_activations", in);
+        else
+            cJSON_Delete(in);
         ok = ok && cJSON_AddItemToObject(g, "targets", targets);
-        if (!ok) cJSON_Delete(targets);
+        if (!ok)
+            cJSON_Delete(targets);
         if (!ok || !cJSON_AddItemToObject(groups, name, g)) {
             cJSON_Delete(g);
             cJSON_Delete(groups);
@@ -299,7 +327,8 @@ static int inline_modelopt(const k3_quant_config *qc, cJSON *o, k3_error *err) {
         } else if (!strcmp(qc->kv_cache_quant_algo, "FP8")) {
             cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache_scheme");
             ok = kv && cJSON_AddBoolToObject(kv, "dynamic", false) &&
-                 cJSON_AddNumberToObject(kv, "num_bits", 8) && cJSON_AddStringToObject(kv, "type", "float");
+                 cJSON_AddNumberToObject(kv, "num_bits", 8) &&
+                 cJSON_AddStringToObject(kv, "type", "float");
         } else {
             ok = cJSON_AddStringToObject(o, "kv_cache_scheme", qc->kv_cache_quant_algo) != NULL;
         }
@@ -307,9 +336,11 @@ static int inline_modelopt(const k3_quant_config *qc, cJSON *o, k3_error *err) {
     if (ok && qc->n_layers) {
         cJSON *l = layers_json(qc), *g = l ? modelopt_groups(qc) : NULL;
         ok = l && g && cJSON_AddItemToObject(o, "quantized_layers", l);
-        if (!ok) cJSON_Delete(l);
+        if (!ok)
+            cJSON_Delete(l);
         ok = ok && cJSON_AddItemToObject(o, "config_groups", g);
-        if (!ok) cJSON_Delete(g);
+        if (!ok)
+            cJSON_Delete(g);
     }
     return ok ? K3_OK : oom(err);
 }
@@ -334,12 +365,15 @@ static int inline_ct(const k3_quant_config *qc, cJSON *o, k3_error *err) {
             ok = cJSON_AddItemToArray(t, cJSON_CreateString(g->targets[k].text));
         cJSON *w = ok ? descriptor(4, nv ? "tensor_group" : "group", g->group_size, NULL) : NULL;
         ok = w && (nv || cJSON_AddStringToObject(w, "scale_dtype", "torch.uint8"));
-        if (ok) ok = cJSON_AddItemToObject(jg, "weights", w);
-        else cJSON_Delete(w);
+        if (ok)
+            ok = cJSON_AddItemToObject(jg, "weights", w);
+        else
+            cJSON_Delete(w);
         if (ok && g->input_activations) {
             cJSON *in = descriptor(4, "tensor_group", 16, "local");
             ok = in && cJSON_AddItemToObject(jg, "input_activations", in);
-            if (!ok) cJSON_Delete(in);
+            if (!ok)
+                cJSON_Delete(in);
         } else if (ok) {
             ok = cJSON_AddNullToObject(jg, "input_activations") != NULL;
         }
@@ -348,17 +382,20 @@ static int inline_ct(const k3_quant_config *qc, cJSON *o, k3_error *err) {
     }
     cJSON *ig = ok ? patterns_json(qc) : NULL;
     ok = ok && ig && cJSON_AddItemToObject(o, "ignore", ig);
-    ok = ok && (qc->kv_cache_quant_algo ? cJSON_AddStringToObject(o, "kv_cache_scheme", qc->kv_cache_quant_algo) != NULL
-                                        : cJSON_AddNullToObject(o, "kv_cache_scheme") != NULL);
+    ok = ok && (qc->kv_cache_quant_algo
+                    ? cJSON_AddStringToObject(o, "kv_cache_scheme", qc->kv_cache_quant_algo) != NULL
+                    : cJSON_AddNullToObject(o, "kv_cache_scheme") != NULL);
     return ok ? K3_OK : oom(err);
 }
 
 int k3_quant_config_to_inline_json(const k3_quant_config *qc, cJSON **out, k3_error *err) {
     *out = NULL;
     if (qc->source == K3_QSRC_NONE)
-        return k3_fail(err, K3_ERR_ARG, "quant config: nothing is quantized; write no quantization_config");
+        return k3_fail(err, K3_ERR_ARG,
+                       "quant config: nothing is quantized; write no quantization_config");
     cJSON *o = cJSON_CreateObject();
-    if (!o) return oom(err);
+    if (!o)
+        return oom(err);
     int rc = qc->source == K3_QSRC_MODELOPT ? inline_modelopt(qc, o, err) : inline_ct(qc, o, err);
     if (rc) {
         cJSON_Delete(o);
