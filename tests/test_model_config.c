@@ -136,7 +136,7 @@ static void test_kimi_linear_values(void **state) {
     assert_int_equal(mc.intermediate_size, 9216);
     assert_int_equal(mc.moe_intermediate_size, 1024);
     assert_true(mc.routed_scaling_factor == 2.446);
-    assert_int_equal(mc.max_position_embeddings, 4096); /* absent: the class default */
+    assert_int_equal(mc.max_position_embeddings, 1048576); /* from model_max_length */
     assert_int_equal(mc.n_kda, 20);
     assert_int_equal(mc.n_mla, 7);
     assert_int_equal(mc.layers[26].attn, K3_ATTN_MLA);
@@ -144,6 +144,10 @@ static void test_kimi_linear_values(void **state) {
     assert_int_equal(mc.layers[3].attn, K3_ATTN_MLA);
     for (int l = 0; l < 27; l++)
         assert_false(mc.layers[l].res_block_start);
+    k3_model_config_free(&mc);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "model_max_length");
+    assert_int_equal(k3_model_config_parse(&mc, root, "config.json", &e), K3_OK);
+    assert_int_equal(mc.max_position_embeddings, 4096); /* absent: the class default */
     k3_model_config_free(&mc);
     cJSON_Delete(root);
 }

@@ -158,6 +158,11 @@ static void test_unknown_rejected_at_validation(void **state) {
     expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\":"
                    " {\"a.b\": {\"group_size\": 16}}}}",
                    "quantized_layers.a.b.quant_algo: missing");
+    expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\":"
+                   " {\"a.experts\": {\"quant_algo\": \"nvfp4\", \"group_size\": 32}}}}",
+                   "quantized_layers.a.experts.quant_algo: NVFP4 with group_size 32");
+    expect_invalid("{\"quantization\": {\"quant_algo\": \"NVFP4\", \"group_size\": 8}}",
+                   "quant_algo: NVFP4 with group_size 8");
     /* an unknown name in use resolves as "other", by name */
     k3_quant_config qc = parse_ok("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\","
                                   " \"quantized_layers\": {\"model.layers.1.x\": {\"quant_algo\":"

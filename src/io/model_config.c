@@ -459,6 +459,19 @@ static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t
             return rc;
     if (mc->num_key_value_heads < 0)
         mc->num_key_value_heads = mc->num_attention_heads;
+    /* Kimi-Linear's file states its context as model_max_length only; the class default
+     * (4096) would cap a 1M-context model without saying so */
+    const cJSON *mml = item(s.obj, "model_max_length");
+    if (!item(s.obj, "max_position_embeddings") && mml && !cJSON_IsNull(mml)) {
+        int_field f = {"model_max_length",
+                       offsetof(k3_model_config, max_position_embeddings),
+                       1,
+                       K3_MAX_POSITIONS,
+                       0,
+                       F_REQ};
+        if ((rc = read_int(&s, &f, &mc->max_position_embeddings, err)))
+            return rc;
+    }
     if (mc->head_dim < 0)
         mc->head_dim = mc->hidden_size / mc->num_attention_heads;
     for (size_t i = 0; i < N_OF(bool_fields); i++)

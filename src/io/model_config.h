@@ -17,7 +17,7 @@
  *   head_dim                      hidden/heads   unused by the forward pass (NoPE MLA)
  *   hidden_act                    "silu"
  *   rms_norm_eps                  1e-6
- *   max_position_embeddings       4096
+ *   max_position_embeddings       4096           else model_max_length when present
  *   mla_use_nope                  false          false is then rejected (no RoPE MLA in k3)
  *   mla_use_output_gate           false
  *   q_lora_rank                   null           null -> plain q_proj (Kimi-Linear)

@@ -666,12 +666,18 @@ int k3_quant_config_load(k3_quant_config *qc, const char *dir, k3_error *err) {
 
 /* ---- validation ----------------------------------------------------------------- */
 
-static int check_algo(const char *algo, const char *what, const char *field, k3_error *err) {
+/* A known name, and for NVFP4 the only group size the format has (a file declaring NVFP4 in
+ * groups of 32 is inconsistent; decoding it either way would be a guess). */
+static int check_algo(const char *algo, int64_t group, const char *what, const char *field,
+                      k3_error *err) {
     if (!algo)
         return K3_OK;
     if (!k3_quant_algo_canonical(algo))
         return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: %s: unknown quantization algorithm \"%s\"",
                        what, field, algo);
+    if (!strcmp(algo, "NVFP4") && group >= 0 && group != 16)
+        return k3_fail(err, K3_ERR_FORMAT, "%s: %s: NVFP4 with group_size %lld (NVFP4 is group 16)",
+                       what, field, (long long)group);
     return K3_OK;
 }
 
@@ -684,7 +690,7 @@ int k3_quant_config_validate(const k3_quant_config *qc, k3_error *err) {
                        "INT8 or NVFP4)",
                        what, qc->kv_cache_quant_algo);
     if (qc->source == K3_QSRC_MODELOPT) {
-        if ((rc = check_algo(qc->quant_algo, what, "quant_algo", err)))
+        if ((rc = check_algo(qc->quant_algo, qc->group_size, what, "quant_algo", err)))
             return rc;
         bool mixed = qc->quant_algo && !strcmp(qc->quant_algo, "MIXED_PRECISION");
         if (mixed && qc->n_layers == 0)
@@ -695,7 +701,7 @@ int k3_quant_config_validate(const k3_quant_config *qc, k3_error *err) {
             snprintf(field, sizeof field, "quantized_layers.%s.quant_algo", qc->layers[i].name);
             if (!qc->layers[i].algo)
                 return k3_fail(err, K3_ERR_MISSING, "%s: %s: missing", what, field);
-            if ((rc = check_algo(qc->layers[i].algo, what, field, err)))
+            if ((rc = check_algo(qc->layers[i].algo, qc->layers[i].group_size, what, field, err)))
                 return rc;
             if (!strcmp(qc->layers[i].algo, "MIXED_PRECISION"))
                 return k3_fail(err, K3_ERR_FORMAT, "%s: %s: MIXED_PRECISION is not a layer format",

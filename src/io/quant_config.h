@@ -22,6 +22,7 @@
  * - Routed experts are resolved per layer (k3_quant_resolve_experts): declared NVFP4 ->
  *   NVFP4; a ModelOpt config that declares nothing for a layer's experts -> MXFP4 (the
  *   W4A8_MXFP4_MXFP8 default of TensorRT-LLM for the original moonshotai/Kimi-K3).
+ * A parsed config is read-only during resolution: several loader threads may resolve at once.
  * What a declaration does not settle (a BF16 router under `targets: Linear`, FP8 trunk
  * tensors) the loader decides per tensor from dtype and siblings, cross-checked here. */
 #ifndef K3_QUANT_CONFIG_H
