@@ -15,7 +15,9 @@
 #include <strings.h>
 #include <unistd.h>
 
-#define QUANT_JSON_MAX_BYTES (64u << 20) /* per-expert quantized_layers of K3 are large */
+/* A per-expert quantized_layers of K3 (92 layers x 896 experts x 3 projections, in several
+ * prefix spellings) would run to tens of MB; the cap leaves room for that. */
+#define QUANT_JSON_MAX_BYTES (128u << 20)
 
 /* TensorRT-LLM QuantAlgo names (checkpoint-formats.md §2.5). The last three are listed by
  * newer mode.py revisions and third-party engines; accepted so such a file is not refused

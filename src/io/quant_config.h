@@ -41,7 +41,8 @@ typedef enum k3_qscheme {
     K3_QS_NVFP4,     /* ModelOpt: weight U8, weight_scale E4M3 /16, weight_scale_2, input_scale */
     K3_QS_NVFP4_CT,  /* compressed-tensors nvfp4-pack-quantized: weight_packed, weight_scale,
                         weight_global_scale, input_global_scale (reciprocal globals) */
-    K3_QS_MXFP4,     /* weight_packed U8 + weight_scale E8M0 /32 (W4A8_MXFP4_MXFP8 weights) */
+    K3_QS_MXFP4,     /* packed E2M1 (weight_packed; `weight` in ModelOpt exports) + E8M0
+                        weight_scale per 32 (the weights of W4A8_MXFP4_MXFP8) */
     K3_QS_FP8_BLOCK, /* FP8_BLOCK_SCALES (= FP8_PB_WO): E4M3 weight + F32 128x128 scales */
     K3_QS_OTHER,     /* declared, but a format k3 does not decode; k3_qdecl.algo names it */
     K3_QS_COUNT
