@@ -309,6 +309,42 @@ static void test_model_type_and_arch(void **state) {
     cJSON_Delete(arr);
 }
 
+static void test_flags_and_fallbacks(void **state) {
+    (void)state;
+    cJSON *root = load("kimi_k3.json");
+    cJSON *tc = text(root);
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "mla_use_nope");
+    cJSON_AddStringToObject(tc, "mla_use_nope", "yes");
+    expect_error(root, K3_ERR_FORMAT,
+                 "text_config.mla_use_nope: expected true or false, found a string");
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "mla_use_nope");
+    expect_error(root, K3_ERR_UNSUPPORTED, "text_config.mla_use_nope: false (rotary MLA)");
+    cJSON_AddTrueToObject(tc, "mla_use_nope");
+    /* token ids missing from text_config come from the wrapper's top level */
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "bos_token_id");
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "pad_token_id");
+    k3_model_config mc;
+    k3_error e = {0};
+    assert_int_equal(k3_model_config_parse(&mc, root, "config.json", &e), K3_OK);
+    assert_int_equal(mc.bos_token_id, 163584);
+    assert_int_equal(mc.pad_token_id, 163839);
+    k3_model_config_free(&mc);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "pad_token_id");
+    assert_int_equal(k3_model_config_parse(&mc, root, "config.json", &e), K3_OK);
+    assert_int_equal(mc.pad_token_id, -1); /* null/absent pad */
+    k3_model_config_free(&mc);
+    cJSON *lin = cJSON_GetObjectItemCaseSensitive(tc, "linear_attn_config");
+    cJSON_DeleteItemFromObjectCaseSensitive(lin, "kda_layers");
+    cJSON_AddStringToObject(lin, "kda_layers", "1-91");
+    expect_error(root, K3_ERR_FORMAT,
+                 "text_config.linear_attn_config.kda_layers: expected an array, found a string");
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "linear_attn_config");
+    cJSON_AddNumberToObject(tc, "linear_attn_config", 1);
+    expect_error(root, K3_ERR_FORMAT,
+                 "text_config.linear_attn_config: expected an object, found a number");
+    cJSON_Delete(root);
+}
+
 static void replace_list(cJSON *root, const char *key, const int *v, int n) {
     cJSON *lin = cJSON_GetObjectItemCaseSensitive(text(root), "linear_attn_config");
     cJSON_DeleteItemFromObjectCaseSensitive(lin, key);
@@ -517,11 +553,12 @@ static void test_build_by_hand(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_k3_values),          cmocka_unit_test(test_kimi_linear_values),
-        cmocka_unit_test(test_missing_fields),     cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_router_consistency), cmocka_unit_test(test_model_type_and_arch),
-        cmocka_unit_test(test_layer_lists),        cmocka_unit_test(test_situ_betas),
-        cmocka_unit_test(test_roundtrip),          cmocka_unit_test(test_build_by_hand),
+        cmocka_unit_test(test_k3_values),           cmocka_unit_test(test_kimi_linear_values),
+        cmocka_unit_test(test_missing_fields),      cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_router_consistency),  cmocka_unit_test(test_model_type_and_arch),
+        cmocka_unit_test(test_flags_and_fallbacks), cmocka_unit_test(test_layer_lists),
+        cmocka_unit_test(test_situ_betas),          cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_build_by_hand),
     };
     return cmocka_run_group_tests_name("model_config", tests, NULL, NULL);
 }
