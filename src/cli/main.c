@@ -15,6 +15,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"version", cli_version, "print version, build commit and compiled backends"},
+    {"inspect", cli_inspect, "list a checkpoint's tensors, shards, totals and quantization"},
 };
 
 static void usage(FILE *f) {
