@@ -15,6 +15,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"version", cli_version, "print version, build commit and compiled backends"},
+    {"inspect", cli_inspect, "list a checkpoint's tensors, shards, totals and quantization"},
     {"make-tiny", cli_make_tiny, "write a seeded Kimi-K3-architecture checkpoint (tiny/small/k3-layer)"},
 };
 
