@@ -137,6 +137,58 @@ int k3_checkpoint_metadata_at(const k3_checkpoint *ck, size_t shard, size_t i, c
                               const char **value, k3_error *err);
 const char *k3_checkpoint_metadata_get(const k3_checkpoint *ck, size_t shard, const char *key);
 
+/* ---- loaded models (src/load/) ---------------------------------------------------- */
+
+/* A Kimi K3 / Kimi-Linear checkpoint loaded for one expert-parallel rank: configs parsed
+ * and cross-checked against tensor shapes, every tensor decoded and validated by dtype and
+ * quantization declaration (checkpoint-formats.md §8.2), the rank's routed experts read
+ * shard by shard with pread (other ranks' expert bytes are never read). */
+typedef struct k3_model k3_model;
+
+typedef struct k3_model_opts {
+    const char *path;      /* checkpoint directory (config.json, shards, index) */
+    int ep_size;           /* expert-parallel ranks; 0 or 1: this process holds every expert */
+    int ep_rank;           /* this rank, in [0, ep_size) */
+    int n_threads;         /* reader threads; 0: online CPUs */
+    const int *layers;     /* decoder layers to load (0-indexed); NULL: all */
+    int n_layers;          /* entries in layers */
+    int progress;          /* 1: a \r progress line on stderr when the load takes over 1 s */
+} k3_model_opts;
+
+int k3_model_open(k3_model **out, const k3_model_opts *opts, k3_error *err);
+void k3_model_close(k3_model *m); /* NULL-safe */
+
+typedef struct k3_model_info {
+    int n_layers;          /* decoder layers in the config */
+    int n_experts;         /* routed experts per MoE layer (global) */
+    int ep_first, ep_count;/* the routed experts this rank holds */
+    int top_k;
+    int64_t hidden, vocab;
+    uint64_t bytes_read;   /* tensor bytes read from disk */
+    uint64_t bytes_kept;   /* tensor bytes held in memory */
+    double load_seconds;
+    const char *prefix;    /* "language_model." or "" */
+} k3_model_info;
+
+int k3_model_get_info(const k3_model *m, k3_model_info *out);
+
+/* ---- checkpoint writers (make-tiny, quantize) -------------------------------------- */
+
+/* Writes a complete Kimi-K3-architecture checkpoint with seeded random weights into dir:
+ * format "nvfp4" (ModelOpt MIXED_PRECISION, NVFP4 experts + FP8 block attention),
+ * "nvfp4-ct" (compressed-tensors NVFP4), "mxfp4" (compressed-tensors MXFP4, as
+ * moonshotai/Kimi-K3) or "bf16"; preset "tiny", "small" or "k3-layer". */
+typedef struct k3_make_tiny_opts {
+    const char *dir;
+    const char *format;   /* NULL: "nvfp4" */
+    const char *preset;   /* NULL: "tiny" */
+    uint64_t seed;
+    int n_threads;        /* 0: online CPUs */
+    int progress;         /* 1: \r progress line on stderr */
+} k3_make_tiny_opts;
+
+int k3_make_tiny_checkpoint(const k3_make_tiny_opts *opts, k3_error *err);
+
 #ifdef __cplusplus
 }
 #endif
