@@ -98,7 +98,10 @@ int k3_act_params_validate(const k3_act_params *p, int n_local, k3_error *err) {
 /* ---- float64 ------------------------------------------------------------------------ */
 
 static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
-static double gelu_d(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+/* GELU, erf form, written with erfc: 0.5*x*(1 + erf(x/sqrt2)) = 0.5*x*erfc(-x/sqrt2), which
+ * avoids the cancellation of 1 + erf for negative x (the float version loses all digits
+ * below x ~ -4 otherwise). */
+static double gelu_d(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
 
 double k3_act_f64(const k3_act_params *p, int e, double g, double u) {
     switch (p->act) {
@@ -127,7 +130,7 @@ double k3_act_f64(const k3_act_params *p, int e, double g, double u) {
 /* ---- float32 ------------------------------------------------------------------------ */
 
 static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+static float gelu_f(float x) { return 0.5f * x * erfcf(-x * 0.70710678118654752f); }
 
 float k3_act_f32(const k3_act_params *p, int e, float g, float u) {
     switch (p->act) {
