@@ -1,11 +1,12 @@
 /* MoE routing (moe.md §2.1, §6; k3-architecture.md §5.3): the fp32 router GEMM and the
  * top-k selection functions that turn its logits into expert ids and weights.
  *
- * Determinism: every function here gives the same ids and weights on every machine and for
- * every backend. The GEMM accumulates each logit's products exactly enough (in double) that
- * the fp32 result does not depend on summation order, and top-k breaks ties between equal
- * selection scores in favour of the LOWER expert id (for groups: the lower group id). The
- * k output slots are ordered by descending selection score, ties by ascending id.
+ * Determinism: routing runs on the host for every backend, so every backend sees the same ids
+ * and weights. The GEMM sums each logit's exact fp32 products in double and rounds once, so
+ * its fp32 logit is (up to rare double-rounding cases) the correctly rounded dot product,
+ * whatever order another implementation sums in. Top-k breaks ties between equal selection
+ * scores in favour of the LOWER expert id (for groups: the lower group id). The k output
+ * slots are ordered by descending selection score, ties by ascending id.
  *
  * Left out: Llama4 and MiniMax2 routing (no checkpoint k3 reads uses them), the bf16 router
  * GEMM (TensorRT-LLM's non-ADP K3 path; its reduction order flips borderline picks, §6),
