@@ -52,9 +52,9 @@ int k3_experts_view(const k3_experts *full, int first, int count, k3_experts *vi
     return K3_OK;
 }
 
-int k3_moe_experts_ep_sum(k3_moe_experts_fn fn, const k3_experts *full, int ep_size,
+int k3_moe_experts_ep_sum(k3_moe_experts_fn fn, void *ctx, const k3_experts *full, int ep_size,
                           k3_act_mode mode, const float *x, int T, const int32_t *ids,
-                          const float *w, int k, float *y, int n_threads, k3_error *err) {
+                          const float *w, int k, float *y, k3_error *err) {
     if (full->first_local != 0 || full->n_local != full->n_experts)
         return k3_fail(err, K3_ERR_ARG,
                        "expert parallelism: the bank must hold all %d experts, it holds [%d, %d+%d)",
@@ -70,7 +70,7 @@ int k3_moe_experts_ep_sum(k3_moe_experts_fn fn, const k3_experts *full, int ep_s
         k3_experts view;
         if ((rc = k3_moe_ep_range(full->n_experts, ep_size, r, &first, &count, err))) break;
         if ((rc = k3_experts_view(full, first, count, &view, err))) break;
-        if ((rc = fn(&view, mode, x, T, ids, w, k, part, n_threads, err))) break;
+        if ((rc = fn(ctx, &view, mode, x, T, ids, w, k, part, err))) break;
         for (size_t i = 0; i < n; i++) y[i] += part[i];
     }
     free(part);
@@ -215,10 +215,10 @@ int k3_moe_block_forward(const k3_moe_block *b, const k3_moe_backend *be, const 
         xe = z;
     }
     if (be->ep_size > 1)
-        rc = k3_moe_experts_ep_sum(be->experts, &b->experts, be->ep_size, be->mode, xe, T, ids, w,
-                                   K, r, be->n_threads, err);
+        rc = k3_moe_experts_ep_sum(be->experts, be->ctx, &b->experts, be->ep_size, be->mode, xe, T,
+                                   ids, w, K, r, err);
     else
-        rc = be->experts(&b->experts, be->mode, xe, T, ids, w, K, r, be->n_threads, err);
+        rc = be->experts(be->ctx, &b->experts, be->mode, xe, T, ids, w, K, r, err);
     if (rc) goto out;
     if (b->latent) {
         rmsnorm(r, T, H, b->latent_norm, b->latent_norm_fmt, b->norm_eps);

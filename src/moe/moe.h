@@ -120,17 +120,18 @@ int k3_moe_experts_ref(const k3_experts *ex, k3_act_mode mode, const float *x, i
 int k3_moe_experts_ref_slots(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
                              const int32_t *ids, int k, double *ys, k3_error *err);
 
-/* The routed-expert operator in the float form every fast backend implements, with the
- * semantics of k3_moe_experts_ref: y float [T, H] fully overwritten; n_threads is the worker
- * count (<= 0: the backend's default; GPU backends ignore it). The CPU fast path
- * k3_moe_experts_cpu (src/moe/cpu_*.c) has exactly this signature. */
-typedef int (*k3_moe_experts_fn)(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
-                                 const int32_t *ids, const float *w, int k, float *y,
-                                 int n_threads, k3_error *err);
+/* The routed-expert operator in the float form every backend is driven through, with the
+ * semantics of k3_moe_experts_ref: y float [T, H] fully overwritten. ctx is the backend's
+ * own state (the CPU path's k3_threadpool, a GPU backend's device copies; NULL for the
+ * reference). The CPU fast path k3_moe_experts_cpu(..., k3_threadpool *pool, err) fits it
+ * through a one-line adapter that passes ctx as the pool. */
+typedef int (*k3_moe_experts_fn)(void *ctx, const k3_experts *ex, k3_act_mode mode,
+                                 const float *x, int T, const int32_t *ids, const float *w,
+                                 int k, float *y, k3_error *err);
 
-/* The reference in that form: k3_moe_experts_ref, then y rounded to float. */
-int k3_moe_experts_ref_f32(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
-                           const int32_t *ids, const float *w, int k, float *y, int n_threads,
+/* The reference in that form (ctx ignored): k3_moe_experts_ref, then y rounded to float. */
+int k3_moe_experts_ref_f32(void *ctx, const k3_experts *ex, k3_act_mode mode, const float *x,
+                           int T, const int32_t *ids, const float *w, int k, float *y,
                            k3_error *err);
 
 /* Checks an expert bank for `mode`: geometry (n_local >= 1 inside [0, n_experts); w1, w2 and,
@@ -158,18 +159,19 @@ int k3_moe_ep_range(int n_experts, int ep_size, int ep_rank, int *first, int *co
 
 /* Runs `fn` once per rank of an ep_size partition of `full`'s experts (full must hold all E)
  * and sums the ranks' y in rank order into y [T, H] (fully overwritten). */
-int k3_moe_experts_ep_sum(k3_moe_experts_fn fn, const k3_experts *full, int ep_size,
+int k3_moe_experts_ep_sum(k3_moe_experts_fn fn, void *ctx, const k3_experts *full, int ep_size,
                           k3_act_mode mode, const float *x, int T, const int32_t *ids,
-                          const float *w, int k, float *y, int n_threads, k3_error *err);
+                          const float *w, int k, float *y, k3_error *err);
 
 /* ---- the whole block -------------------------------------------------------------- */
 
-/* How the block runs its routed experts: the operator, its mode and threads, and ep_size > 1
- * to run them as ep_size expert-parallel ranks in this process and sum (k3_moe_experts_ep_sum). */
+/* How the block runs its routed experts: the operator and its ctx, the activation mode, and
+ * ep_size > 1 to run them as ep_size expert-parallel ranks in this process and sum
+ * (k3_moe_experts_ep_sum); 0 or 1 = no expert parallelism. */
 typedef struct k3_moe_backend {
     k3_moe_experts_fn experts;
+    void *ctx;
     k3_act_mode mode;
-    int n_threads;
     int ep_size;
 } k3_moe_backend;
 

@@ -289,10 +289,10 @@ int k3_moe_experts_ref(const k3_experts *ex, k3_act_mode mode, const float *x, i
     return K3_OK;
 }
 
-int k3_moe_experts_ref_f32(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
-                           const int32_t *ids, const float *w, int k, float *y, int n_threads,
+int k3_moe_experts_ref_f32(void *ctx, const k3_experts *ex, k3_act_mode mode, const float *x,
+                           int T, const int32_t *ids, const float *w, int k, float *y,
                            k3_error *err) {
-    (void)n_threads; /* the reference is single-threaded by design */
+    (void)ctx; /* the reference has no state and runs on one thread by design */
     int rc = check_call(ex, mode, x, T, ids, w, k, err);
     if (rc) return rc;
     size_t n = (size_t)T * (size_t)ex->hidden;
