@@ -46,6 +46,16 @@ static void test_f32_bank_vs_masters(void **state) {
         double err = fx_rel_l2(y, g, T * 64);
         /* bound: double rounding of sums of ~100 terms */
         if (!(err <= 1e-13)) fail_msg("%s: rel L2 %g > 1e-13", k3_act_name((k3_act)a), err);
+        if (k3_act_is_gated((k3_act)a)) { /* mutations: each fails this test's bound */
+            fx_master_ref(&f, (k3_act)a, 2.5f, 7.0f, 1, x, T, ids, w, K, g);
+            double swapped = fx_rel_l2(y, g, T * 64);
+            if (!(swapped > 1e-6)) fail_msg("%s: w1/w3 swap undetected (%g)", k3_act_name((k3_act)a), swapped);
+        }
+        if (a == K3_ACT_SITU) {
+            fx_master_ref(&f, (k3_act)a, 7.0f, 2.5f, 0, x, T, ids, w, K, g);
+            double swapped = fx_rel_l2(y, g, T * 64);
+            if (!(swapped > 1e-6)) fail_msg("situ: beta swap undetected (%g)", swapped);
+        }
         free(y), free(g);
         fx_free(&f);
     }
@@ -128,21 +138,21 @@ static void test_errors(void **state) {
 /* End to end against the unquantized masters (TensorRT-LLM's K3 test, smaller shapes), with
  * the negative controls of moe.md §4: SwigluBias(4, 25) is measurably farther; swapping w1/w3
  * or the two betas (2.5 / 7.0) fails the bound. */
-static void check_e2e(k3_wfmt fmt, k3_act_mode mode, float bg, float bl) {
+static void check_e2e(k3_wfmt fmt, k3_act_mode mode, float bg, float bl, double xscale) {
     enum { E = 8, H = 512, I = 256, TT = 8 };
     moe_fixture f;
     assert_int_equal(fx_build(&f, E, H, I, fmt, K3_ACT_SITU, bg, bl, 42), 0);
     fx_rng r = {2026};
     float *x = malloc(TT * H * sizeof *x), w[TT * K];
     int32_t ids[TT * K];
-    fx_fill_normal(&r, x, TT * H, 0.5);
+    fx_fill_normal(&r, x, TT * H, xscale);
     fx_route(&r, TT, E, K, ids, w);
     double *y = run_ref(&f.ex, mode, x, TT, ids, w, K);
     double *g = malloc(TT * H * sizeof *g);
     fx_master_ref(&f, K3_ACT_SITU, bg, bl, 0, x, TT, ids, w, K, g);
     double cos_ok = fx_cosine(y, g, TT * H), rel_ok = fx_rel_l2(y, g, TT * H);
-    fprintf(stderr, "  %s %s betas %g/%g: cosine %.4f relL2 %.4f", k3_wfmt_name(fmt),
-            k3_act_mode_name(mode), (double)bg, (double)bl, cos_ok, rel_ok);
+    fprintf(stderr, "  %s %s betas %g/%g x*%g: cosine %.4f relL2 %.4f", k3_wfmt_name(fmt),
+            k3_act_mode_name(mode), (double)bg, (double)bl, xscale, cos_ok, rel_ok);
     if (!(cos_ok >= 0.95)) fail_msg("cosine %g < 0.95 against the masters", cos_ok);
     fx_master_ref(&f, K3_ACT_SWIGLU_BIAS, bg, bl, 0, x, TT, ids, w, K, g);
     double rel_swb = fx_rel_l2(y, g, TT * H);
@@ -155,22 +165,25 @@ static void check_e2e(k3_wfmt fmt, k3_act_mode mode, float bg, float bl) {
     double cos_beta = fx_cosine(y, g, TT * H);
     fprintf(stderr, "; w1/w3 swapped cosine %.3f; betas swapped cosine %.3f\n", cos_swap, cos_beta);
     if (!(cos_swap < 0.95)) fail_msg("w1/w3 swap passes the bound: cosine %g", cos_swap);
-    if (bg != bl && !(cos_beta < 0.95)) fail_msg("beta swap passes the bound: cosine %g", cos_beta);
+    /* Only where the pre-activations reach tanh's knee (|g| ~ beta) does a beta swap show; with
+     * x*0.5 at this width |g| ~ 0.6 and beta*tanh(g/beta) ~ g for either beta. */
+    if (xscale >= 2 && !(cos_beta < 0.95)) fail_msg("beta swap passes the bound: cosine %g", cos_beta);
     free(x), free(y), free(g);
     fx_free(&f);
 }
 
 static void test_e2e_nvfp4(void **state) {
     (void)state;
-    check_e2e(K3_WFMT_NVFP4, K3_MODE_W4A16, 4.0f, 25.0f);
-    check_e2e(K3_WFMT_NVFP4, K3_MODE_W4A4, 4.0f, 25.0f);
-    check_e2e(K3_WFMT_NVFP4, K3_MODE_W4A4, 2.5f, 7.0f);
+    check_e2e(K3_WFMT_NVFP4, K3_MODE_W4A16, 4.0f, 25.0f, 0.5);
+    check_e2e(K3_WFMT_NVFP4, K3_MODE_W4A4, 4.0f, 25.0f, 0.5);
+    check_e2e(K3_WFMT_NVFP4, K3_MODE_W4A4, 2.5f, 7.0f, 4.0);
 }
 
 static void test_e2e_mxfp4(void **state) {
     (void)state;
-    check_e2e(K3_WFMT_MXFP4, K3_MODE_W4A16, 4.0f, 25.0f);
-    check_e2e(K3_WFMT_MXFP4, K3_MODE_W4A8, 2.5f, 7.0f);
+    check_e2e(K3_WFMT_MXFP4, K3_MODE_W4A16, 4.0f, 25.0f, 0.5);
+    check_e2e(K3_WFMT_MXFP4, K3_MODE_W4A8, 4.0f, 25.0f, 0.5);
+    check_e2e(K3_WFMT_MXFP4, K3_MODE_W4A8, 2.5f, 7.0f, 4.0);
 }
 
 /* Expert parallelism: per-slot outputs summed over ranks equal the single-rank ones bit for
