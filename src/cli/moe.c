@@ -192,8 +192,9 @@ static int write_out(const char *path, const float *y, int T, int width, const i
         {.name = "topk_ids", .dtype = K3_DTYPE_I32, .rank = 2, .shape = {(uint64_t)T, (uint64_t)k}, .data = ids},
         {.name = "topk_weights", .dtype = K3_DTYPE_F32, .rank = 2, .shape = {(uint64_t)T, (uint64_t)k}, .data = w},
     };
+    static const char *const meta[1][2] = {{"producer", "k3 moe"}};
     k3_error err = {0};
-    if (k3_st_write_file(path, t, 3, NULL, 0, &err)) return cli_fail_err(CMD, &err);
+    if (k3_st_write_file(path, t, 3, meta, 1, &err)) return cli_fail_err(CMD, &err);
     return 0;
 }
 
