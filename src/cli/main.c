@@ -15,6 +15,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"version", cli_version, "print version, build commit and compiled backends"},
+    {"inspect", cli_inspect, "list a checkpoint's tensors, shards, totals and quantization"},
     {"moe", cli_moe, "run one MoE layer of a checkpoint on tokens from a safetensors file"},
 };
 
