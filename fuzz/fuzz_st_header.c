@@ -39,6 +39,7 @@ static void exercise(const uint8_t *bytes, size_t len) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     exercise(data, size);
+    if (size == 0) return 0; /* memchr on a NULL data pointer is undefined */
     const uint8_t *nul = memchr(data, 0, size);
     size_t hlen = nul ? (size_t)(nul - data) : size;
     size_t dlen = nul ? size - hlen - 1 : 0;

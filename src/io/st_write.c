@@ -208,7 +208,7 @@ static int build_header(k3_st_writer *w, sbuf *h, k3_error *err) {
     if (!order) return k3_fail(err, K3_ERR_NOMEM, "safetensors writer: out of memory");
     for (size_t i = 0; i < w->n; i++) order[i] = i;
     qsort_r(order, w->n, sizeof *order, layout_cmp, w->t); /* glibc: qsort with a context */
-    qsort(w->meta, w->n_meta, 2 * sizeof *w->meta, meta_cmp);
+    if (w->n_meta) qsort(w->meta, w->n_meta, 2 * sizeof *w->meta, meta_cmp);
     sb_str(h, "{");
     if (w->n_meta) {
         sb_str(h, "\"__metadata__\":{");
