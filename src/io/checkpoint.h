@@ -15,7 +15,7 @@
 
 #include "io/safetensors.h"
 
-#define K3_INDEX_NAME "model.safetensors.index.json"
+#define K3_INDEX_NAME      "model.safetensors.index.json"
 #define K3_INDEX_MAX_BYTES (256u << 20) /* an index of 500k names is ~50 MB */
 
 /* Resolves tensor i (public numbering) to its shard handle and entry. */
