@@ -4,11 +4,12 @@
  * the zero-copy and copy view paths, streaming reads, sharded checkpoints with every index
  * rule, and a 100,000-tensor scaling case. Every case is checked through k3_st_parse (memory)
  * and, for header cases, through k3_st_open on a real file as well. */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka needs the four headers above first */
+#include <cmocka.h>
 
 #include "io/checkpoint.h"
 
