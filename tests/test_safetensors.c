@@ -162,6 +162,11 @@ static const hcase header_cases[] = {
     {"{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
      "\\u0000", NULL},
     {"[]", 0, K3_ERR_FORMAT, "not a JSON object", NULL},
+    /* a lone UTF-16 surrogate escape: cJSON refuses it, or the name fails the UTF-8 check */
+    {"{\"a\\ud800\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     NULL, NULL},
+    {"{\"a\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     "tensor \"a\"", "shape[0] must be a non-negative integer <= 2^53, found a boolean"},
     {"{\"__metadata__\":{\"k\":1}}", 0, K3_ERR_FORMAT, "__metadata__ \"k\"", "must be a string"},
     {"{\"__metadata__\":{\"k\":null}}", 0, K3_ERR_FORMAT, "__metadata__ \"k\"", "must be a string"},
     {"{\"__metadata__\":[\"k\"]}", 0, K3_ERR_FORMAT, "__metadata__ must be an object", NULL},
