@@ -21,6 +21,8 @@ typedef struct blockfx {
     k3_moe_block b;
 } blockfx;
 
+static bool g_norm_f16; /* store the latent norm weight as F16 instead of BF16 */
+
 static void build(blockfx *bf, bool latent, k3_act act) {
     int H = latent ? L : W;
     assert_int_equal(fx_build(&bf->f, E, H, I, K3_WFMT_F32, act, 4.0f, 25.0f, 17), 0);
@@ -33,8 +35,9 @@ static void build(blockfx *bf, bool latent, k3_act act) {
     fx_fill_normal(&r, bf->su, S * W, 0.1);
     fx_fill_normal(&r, bf->sd, W * S, 0.1);
     for (int i = 0; i < L; i++) {
-        bf->norm_bf16[i] = k3_f32_to_bf16((float)(1 + 0.2 * fx_normal(&r)));
-        bf->norm[i] = k3_bf16_to_f32(bf->norm_bf16[i]);
+        float v = (float)(1 + 0.2 * fx_normal(&r));
+        bf->norm_bf16[i] = g_norm_f16 ? k3_f32_to_f16(v) : k3_f32_to_bf16(v);
+        bf->norm[i] = g_norm_f16 ? k3_f16_to_f32(bf->norm_bf16[i]) : k3_bf16_to_f32(bf->norm_bf16[i]);
     }
     bf->one_a[0] = 4.0f, bf->one_b[0] = 25.0f;
     k3_qmat F = {.fmt = K3_WFMT_F32, .global_scale = 1};
@@ -50,7 +53,7 @@ static void build(blockfx *bf, bool latent, k3_act act) {
     if (latent) {
         b->latent_down = F, b->latent_down.rows = L, b->latent_down.cols = W, b->latent_down.data = bf->down;
         b->latent_up = F, b->latent_up.rows = W, b->latent_up.cols = L, b->latent_up.data = bf->up;
-        b->latent_norm = bf->norm_bf16, b->latent_norm_fmt = K3_WFMT_BF16, b->norm_eps = 1e-5f;
+        b->latent_norm = bf->norm_bf16, b->latent_norm_fmt = g_norm_f16 ? K3_WFMT_F16 : K3_WFMT_BF16, b->norm_eps = 1e-5f;
     }
     b->n_shared = 2;
     b->shared_gate = F, b->shared_gate.rows = S, b->shared_gate.cols = W, b->shared_gate.data = bf->sg;
@@ -144,6 +147,9 @@ static void test_k3_latent_block(void **state) {
     (void)state;
     check_block(true, K3_ACT_SITU, 1);
     check_block(true, K3_ACT_SITU, 4); /* uneven: 2, 2, 1, 1 */
+    g_norm_f16 = true;
+    check_block(true, K3_ACT_SITU, 1);
+    g_norm_f16 = false;
 }
 
 static void test_kimi_linear_block(void **state) {

@@ -11,6 +11,7 @@
  * model forward has its own GEMMs), and cross-process EP (one process runs every rank). */
 #include "formats/fp.h"
 #include "moe/activation.h"
+#include "moe/ep.h"
 #include "moe/moe.h"
 #include "moe/routing.h"
 
@@ -22,16 +23,11 @@
 
 int k3_moe_ep_range(int n_experts, int ep_size, int ep_rank, int *first, int *count,
                     k3_error *err) {
-    if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size)
-        return k3_fail(err, K3_ERR_ARG, "expert parallelism: rank %d of size %d is out of range",
-                       ep_rank, ep_size);
-    if (n_experts < ep_size)
-        return k3_fail(err, K3_ERR_ARG,
-                       "expert parallelism: %d experts over %d ranks leaves a rank without experts",
-                       n_experts, ep_size);
-    int base = n_experts / ep_size, rem = n_experts % ep_size;
-    *first = ep_rank * base + (ep_rank < rem ? ep_rank : rem);
-    *count = base + (ep_rank < rem ? 1 : 0);
+    k3_ep_part p;
+    int rc = k3_ep_partition(n_experts, ep_size, ep_rank, &p, err);
+    if (rc) return rc;
+    *first = p.first;
+    *count = p.count;
     return K3_OK;
 }
 
@@ -105,8 +101,9 @@ static void rmsnorm(float *r, int T, int L, const void *weight, k3_wfmt fmt, flo
         for (int i = 0; i < L; i++) ss += (double)v[i] * v[i];
         double inv = 1.0 / sqrt(ss / L + eps);
         for (int i = 0; i < L; i++) {
-            float wi = fmt == K3_WFMT_BF16 ? k3_bf16_to_f32(((const uint16_t *)weight)[i])
-                                           : ((const float *)weight)[i];
+            float wi = fmt == K3_WFMT_BF16  ? k3_bf16_to_f32(((const uint16_t *)weight)[i])
+                       : fmt == K3_WFMT_F16 ? k3_f16_to_f32(((const uint16_t *)weight)[i])
+                                            : ((const float *)weight)[i];
             v[i] = (float)(v[i] * inv) * wi;
         }
     }
@@ -137,8 +134,9 @@ int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err
         if ((rc = check_qmat(&b->latent_down, "latent down-projection", H, W, err))) return rc;
         if ((rc = check_qmat(&b->latent_up, "latent up-projection", W, H, err))) return rc;
         if (!b->latent_norm) return k3_fail(err, K3_ERR_MISSING, "moe block: latent norm weight");
-        if (b->latent_norm_fmt != K3_WFMT_F32 && b->latent_norm_fmt != K3_WFMT_BF16)
-            return k3_fail(err, K3_ERR_DTYPE, "moe block: latent norm: expected F32 or BF16, found %s",
+        if (b->latent_norm_fmt != K3_WFMT_F32 && b->latent_norm_fmt != K3_WFMT_BF16 &&
+            b->latent_norm_fmt != K3_WFMT_F16)
+            return k3_fail(err, K3_ERR_DTYPE, "moe block: latent norm: expected F32, BF16 or F16, found %s",
                            k3_wfmt_name(b->latent_norm_fmt));
         if (!(isfinite(b->norm_eps) && b->norm_eps > 0))
             return k3_fail(err, K3_ERR_NUMERIC, "moe block: norm eps: expected > 0, found %g",

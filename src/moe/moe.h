@@ -152,8 +152,8 @@ int k3_experts_view(const k3_experts *full, int first, int count, k3_experts *vi
                     k3_error *err);
 
 /* The contiguous partition of E experts over R ranks that TensorRT-LLM's
- * _compute_ep_partition makes: base = E / R, rem = E % R; rank r < rem owns base + 1 experts
- * starting at r*base + min(r, rem). E < R is an error (no rank without experts). */
+ * _compute_ep_partition makes (k3_ep_partition, moe/ep.h): base = E / R, rem = E % R; rank
+ * r < rem owns base + 1 experts starting at r*base + min(r, rem). E < R is an error. */
 int k3_moe_ep_range(int n_experts, int ep_size, int ep_rank, int *first, int *count,
                     k3_error *err);
 
