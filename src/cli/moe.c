@@ -19,6 +19,7 @@
  * why; nothing falls back to another backend. */
 #include "cli/cli.h"
 
+#include "base/rng.h"
 #include "base/threadpool.h"
 #include "io/safetensors.h"
 #include "load/model.h"
@@ -38,6 +39,8 @@ static void usage(FILE *f) {
             "  -m, --model DIR      checkpoint directory                        (required)\n"
             "      --layer L        decoder layer (0-indexed, an MoE layer)         (required)\n"
             "      --in FILE        input: x [T, width] BF16/F32 (+ topk_ids, topk_weights)\n"
+            "      --random T       instead of --in: T tokens x ~ 0.5*N(0,1), seeded by --seed\n"
+            "      --seed S         seed for --random                              (default 0)\n"
             "      --out FILE       output: y F32, topk_ids I32, topk_weights F32\n"
             "      --backend B      ref | cpu | cuda | cuda-fused                (default ref)\n"
             "      --act M          w4a16 | w4a4 | w4a8                        (default w4a16)\n"
@@ -49,7 +52,7 @@ static void usage(FILE *f) {
 
 typedef struct moe_args {
     const char *model, *in, *out, *backend, *act;
-    long layer, ep_size, ep_rank, threads;
+    long layer, ep_size, ep_rank, threads, random_T, seed;
     int experts_only;
 } moe_args;
 
@@ -82,7 +85,13 @@ static int parse(int argc, char **argv, moe_args *a, int *help) {
             a->backend = v;
         else if (is_opt(s, NULL, "--act"))
             a->act = v;
-        else if (is_opt(s, NULL, "--layer")) {
+        else if (is_opt(s, NULL, "--random")) {
+            if (cli_parse_int(CMD, s, v, 1, 1 << 20, &a->random_T))
+                return 1;
+        } else if (is_opt(s, NULL, "--seed")) {
+            if (cli_parse_int(CMD, s, v, 0, 2147483647L, &a->seed))
+                return 1;
+        } else if (is_opt(s, NULL, "--layer")) {
             if (cli_parse_int(CMD, s, v, 0, 1 << 20, &a->layer))
                 return 1;
         } else if (is_opt(s, NULL, "--ep-size")) {
@@ -102,8 +111,10 @@ static int parse(int argc, char **argv, moe_args *a, int *help) {
         return cli_fail(CMD, "-m/--model: missing");
     if (a->layer < 0)
         return cli_fail(CMD, "--layer: missing");
-    if (!a->in)
-        return cli_fail(CMD, "--in: missing");
+    if (!a->in == !a->random_T)
+        return cli_fail(CMD, "give exactly one of --in FILE and --random T");
+    if (a->random_T && a->experts_only)
+        return cli_fail(CMD, "--random: --experts-only reads its routing from --in");
     if (!a->out)
         return cli_fail(CMD, "--out: missing");
     if (a->ep_rank >= a->ep_size)
@@ -254,7 +265,7 @@ static int run(const moe_args *a, moe_run *r) {
     bool one_rank = a->ep_rank >= 0;
     be.ep_size = one_rank ? 1 : (int)a->ep_size;
 
-    if (k3_st_open(&r->in, a->in, &err))
+    if (a->in && k3_st_open(&r->in, a->in, &err))
         return cli_fail_err(CMD, &err);
     int layer = (int)a->layer;
     k3_model_opts mo = {.path = a->model,
@@ -272,7 +283,15 @@ static int run(const moe_args *a, moe_run *r) {
 
     int width = a->experts_only ? b->experts.hidden : b->model_width, K = b->router.top_k;
     int64_t T, cols, kr, kc;
-    if (read_tensor(r->in, a->in, "x", K3_DTYPE_F32, -1, width, (void **)&r->x, &T, &cols))
+    if (a->random_T) {
+        T = a->random_T;
+        r->x = malloc((size_t)T * (size_t)width * sizeof *r->x);
+        if (!r->x)
+            return cli_fail(CMD, "out of memory for %lld tokens", (long long)T);
+        k3_rng rng = {(uint64_t)a->seed};
+        for (int64_t i = 0; i < T * width; i++)
+            r->x[i] = (float)(0.5 * k3_rng_normal(&rng));
+    } else if (read_tensor(r->in, a->in, "x", K3_DTYPE_F32, -1, width, (void **)&r->x, &T, &cols))
         return 1;
     if (a->experts_only) {
         if (read_tensor(r->in, a->in, "topk_ids", K3_DTYPE_I32, T, 0, (void **)&r->ids, &kr, &kc) ||
