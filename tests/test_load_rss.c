@@ -82,6 +82,12 @@ static rss measure(const char *dir, int ep_size, int ep_rank, int threads) {
 }
 
 static void test_rss_bound(void **state) {
+#ifdef __SANITIZE_ADDRESS__
+    /* ASan's shadow memory and free quarantine make resident memory say nothing about the
+     * loader; the bound is measured in the plain build. */
+    fprintf(stderr, "SKIP: RSS bound is not measurable under AddressSanitizer\n");
+    skip();
+#endif
     (void)state;
     snprintf(root, sizeof root, "/tmp/k3-test-rss-XXXXXX");
     assert_non_null(mkdtemp(root));
