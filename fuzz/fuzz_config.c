@@ -81,8 +81,8 @@ static void resolve_all(const k3_quant_config *qc, k3_qdecl *d, int *rc, size_t 
 
 /* Declarations the writer must preserve: which scheme, which group size, defaulted. */
 static bool same(const k3_qdecl *a, const k3_qdecl *b) {
-    return a->scheme == b->scheme && a->group_size == b->group_size &&
-           a->by_class == b->by_class && a->defaulted == b->defaulted;
+    return a->scheme == b->scheme && a->group_size == b->group_size && a->by_class == b->by_class &&
+           a->defaulted == b->defaulted;
 }
 
 #define N_CHECK (N_MODULES + 4)
@@ -127,8 +127,8 @@ static void round_trip(const k3_quant_config *qc, bool hf) {
 static void quant_config(const cJSON *hf, const cJSON *inl) {
     k3_quant_config qc;
     k3_error e = {0};
-    if (k3_quant_config_parse(&qc, hf, "fuzz hf_quant_config.json", inl,
-                              "fuzz quantization_config", &e) != K3_OK) {
+    if (k3_quant_config_parse(&qc, hf, "fuzz hf_quant_config.json", inl, "fuzz quantization_config",
+                              &e) != K3_OK) {
         need_msg(&e);
         k3_quant_config_free(&qc); /* must be harmless after a failed parse */
         return;
