@@ -8,7 +8,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
+
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,9 +38,15 @@ typedef struct fmt {
     uint8_t (*enc)(float);
 } fmt;
 
-static float dec_e2m1(uint8_t c) { return k3_e2m1_to_f32(c); }
-static float dec_e4m3(uint8_t c) { return k3_e4m3_to_f32(c); }
-static float dec_e5m2(uint8_t c) { return k3_e5m2_to_f32(c); }
+static float dec_e2m1(uint8_t c) {
+    return k3_e2m1_to_f32(c);
+}
+static float dec_e4m3(uint8_t c) {
+    return k3_e4m3_to_f32(c);
+}
+static float dec_e5m2(uint8_t c) {
+    return k3_e5m2_to_f32(c);
+}
 
 static const fmt FMTS[] = {
     {"e2m1", 2, 1, 1, 16, 0x7, 0x8, 0, dec_e2m1, k3_f32_to_e2m1},
@@ -54,14 +62,17 @@ static unsigned ref_encode(const fmt *f, float x) {
     double top = ref_minifloat(f->maxpos, f->ebits, f->mbits, f->bias);
     if (f->has_inf) {
         double next = ldexp(1.0, (int)((f->maxpos >> f->mbits) + 1) - f->bias); /* 2^16 */
-        if (a >= (top + next) / 2) return sign | (f->maxpos + 1);              /* Inf code */
+        if (a >= (top + next) / 2)
+            return sign | (f->maxpos + 1); /* Inf code */
     }
-    if (a >= top) return sign | f->maxpos;
+    if (a >= top)
+        return sign | f->maxpos;
     unsigned best = 0;
     for (unsigned c = 1; c <= f->maxpos; c++) {
         double dc = fabs(ref_minifloat(c, f->ebits, f->mbits, f->bias) - a);
         double db = fabs(ref_minifloat(best, f->ebits, f->mbits, f->bias) - a);
-        if (dc < db || (dc == db && (c & 1) == 0)) best = c;
+        if (dc < db || (dc == db && (c & 1) == 0))
+            best = c;
     }
     return sign | best;
 }
@@ -74,8 +85,10 @@ static void check_encode(const fmt *f, float x, int *fails) {
 
 static int is_nan_code(const fmt *f, unsigned c) {
     unsigned mag = c & (f->signmask - 1);
-    if (f->ncodes == 16) return 0;
-    if (f->has_inf) return mag > f->maxpos + 1;
+    if (f->ncodes == 16)
+        return 0;
+    if (f->has_inf)
+        return mag > f->maxpos + 1;
     return mag > f->maxpos;
 }
 
@@ -128,20 +141,36 @@ static void test_minifloat_rounding(void **state) {
             for (int s = 0; s < 2; s++) {
                 float sg = s ? -1.0f : 1.0f;
                 float xs[] = {mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), lo, hi};
-                for (size_t k = 0; k < 5; k++) check_encode(f, sg * xs[k], &fails);
+                for (size_t k = 0; k < 5; k++)
+                    check_encode(f, sg * xs[k], &fails);
             }
             /* The tie goes to the even code, below and above go to the neighbours. */
             unsigned even = (c & 1) ? c + 1 : c;
             if (f->enc(mid) != even && fails++ < 10)
-                fprintf(stderr, "%s: tie %a -> 0x%02x want 0x%02x\n", f->name, mid, f->enc(mid), even);
-            if (f->enc(nextafterf(mid, 0)) != c) fails++;
-            if (f->enc(nextafterf(mid, INFINITY)) != c + 1) fails++;
+                fprintf(stderr, "%s: tie %a -> 0x%02x want 0x%02x\n", f->name, mid, f->enc(mid),
+                        even);
+            if (f->enc(nextafterf(mid, 0)) != c)
+                fails++;
+            if (f->enc(nextafterf(mid, INFINITY)) != c + 1)
+                fails++;
             ties++;
         }
         float top = f->dec((uint8_t)f->maxpos);
-        float probes[] = {top,      nextafterf(top, INFINITY), top * 1.03125f, top * 1.0625f,
-                          top * 1.09375f, top * 1.125f, top * 1.2f, top * 4.0f, 3e38f, INFINITY,
-                          1e-30f, 1e-45f, 0.0f, -0.0f, FLT_MIN};
+        float probes[] = {top,
+                          nextafterf(top, INFINITY),
+                          top * 1.03125f,
+                          top * 1.0625f,
+                          top * 1.09375f,
+                          top * 1.125f,
+                          top * 1.2f,
+                          top * 4.0f,
+                          3e38f,
+                          INFINITY,
+                          1e-30f,
+                          1e-45f,
+                          0.0f,
+                          -0.0f,
+                          FLT_MIN};
         for (size_t k = 0; k < sizeof probes / sizeof probes[0]; k++) {
             check_encode(f, probes[k], &fails);
             check_encode(f, -probes[k], &fails);
@@ -181,9 +210,9 @@ static void test_minifloat_specials(void **state) {
     assert_int_equal(k3_f32_to_e4m3(NAN), 0x7F);
     assert_int_equal(k3_f32_to_e4m3(-NAN), 0x7F);
     assert_true(isnan(k3_e4m3_to_f32(0x7F)) && isnan(k3_e4m3_to_f32(0xFF)));
-    assert_true(k3_e4m3_to_f32(0x01) == 0x1p-9f);   /* smallest subnormal */
-    assert_true(k3_e4m3_to_f32(0x08) == 0x1p-6f);   /* smallest normal */
-    assert_int_equal(k3_f32_to_e4m3(0x1p-10f), 0x00); /* tie 0 / 2^-9 -> even 0 */
+    assert_true(k3_e4m3_to_f32(0x01) == 0x1p-9f);      /* smallest subnormal */
+    assert_true(k3_e4m3_to_f32(0x08) == 0x1p-6f);      /* smallest normal */
+    assert_int_equal(k3_f32_to_e4m3(0x1p-10f), 0x00);  /* tie 0 / 2^-9 -> even 0 */
     assert_int_equal(k3_f32_to_e4m3(0x1.8p-9f), 0x02); /* tie 2^-9 / 2^-8 -> even */
     assert_int_equal(k3_f32_to_e4m3(-0.0f), 0x80);
     /* E5M2: IEEE overflow to Inf at the midpoint 61440, NaN 0x7F. */
@@ -229,16 +258,22 @@ static void test_f16_exhaustive(void **state) {
             continue;
         }
         double want = e == 31 ? INFINITY : ref_minifloat(c & 0x7FFF, 5, 10, 15);
-        if (c & 0x8000) want = -want;
-        if (!((double)v == want) || !!signbit(v) != !!(c & 0x8000)) fails++;
-        if (k3_f32_to_f16(v) != c) fails++;
+        if (c & 0x8000)
+            want = -want;
+        if (!((double)v == want) || !!signbit(v) != !!(c & 0x8000))
+            fails++;
+        if (k3_f32_to_f16(v) != c)
+            fails++;
         if ((c & 0x7FFF) < 0x7BFF) { /* midpoint to the next code up */
             float hi = k3_f16_to_f32((uint16_t)(c + 1));
             float mid = (float)(((double)v + (double)hi) / 2);
             uint16_t even = (c & 1) ? (uint16_t)(c + 1) : (uint16_t)c;
-            if (k3_f32_to_f16(mid) != even) fails++;
-            if (k3_f32_to_f16(nextafterf(mid, (c & 0x8000) ? -INFINITY : INFINITY)) != c + 1) fails++;
-            if (k3_f32_to_f16(nextafterf(mid, 0)) != c) fails++;
+            if (k3_f32_to_f16(mid) != even)
+                fails++;
+            if (k3_f32_to_f16(nextafterf(mid, (c & 0x8000) ? -INFINITY : INFINITY)) != c + 1)
+                fails++;
+            if (k3_f32_to_f16(nextafterf(mid, 0)) != c)
+                fails++;
         }
     }
     assert_int_equal(fails, 0);
@@ -266,16 +301,22 @@ static void test_bf16_exhaustive(void **state) {
             continue;
         }
         double want = e == 255 ? INFINITY : ref_minifloat(c & 0x7FFF, 8, 7, 127);
-        if (c & 0x8000) want = -want;
-        if (!((double)v == want) || !!signbit(v) != !!(c & 0x8000)) fails++;
-        if (k3_f32_to_bf16(v) != c) fails++;
+        if (c & 0x8000)
+            want = -want;
+        if (!((double)v == want) || !!signbit(v) != !!(c & 0x8000))
+            fails++;
+        if (k3_f32_to_bf16(v) != c)
+            fails++;
         if ((c & 0x7FFF) < 0x7F7F) {
             float hi = k3_bf16_to_f32((uint16_t)(c + 1));
             float mid = (float)(((double)v + (double)hi) / 2);
             uint16_t even = (c & 1) ? (uint16_t)(c + 1) : (uint16_t)c;
-            if (k3_f32_to_bf16(mid) != even) fails++;
-            if (k3_f32_to_bf16(nextafterf(mid, (c & 0x8000) ? -INFINITY : INFINITY)) != c + 1) fails++;
-            if (k3_f32_to_bf16(nextafterf(mid, 0)) != c) fails++;
+            if (k3_f32_to_bf16(mid) != even)
+                fails++;
+            if (k3_f32_to_bf16(nextafterf(mid, (c & 0x8000) ? -INFINITY : INFINITY)) != c + 1)
+                fails++;
+            if (k3_f32_to_bf16(nextafterf(mid, 0)) != c)
+                fails++;
         }
     }
     assert_int_equal(fails, 0);

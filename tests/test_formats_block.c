@@ -9,7 +9,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
+
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +23,7 @@
 #include "formats/fp.h"
 #include "formats/qmat.h"
 
-#define GUARD 64
+#define GUARD  64
 #define POISON 0xA5
 
 static uint64_t rng_state;
@@ -46,8 +48,10 @@ static float *make_matrix(int64_t rows, int64_t cols) {
             int kind = (int)(urand() * 10);
             for (int64_t i = 0; i < 16; i++) {
                 double v = nrand() * mag;
-                if (kind == 0) v = 0.0;
-                if (kind == 1) v *= 1e-9;
+                if (kind == 0)
+                    v = 0.0;
+                if (kind == 1)
+                    v *= 1e-9;
                 w[r * cols + b * 16 + i] = (float)v;
             }
         }
@@ -62,10 +66,13 @@ static uint8_t *guarded(size_t n) {
 }
 
 static void assert_guard(const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < GUARD; i++) assert_int_equal(p[n + i], POISON);
+    for (size_t i = 0; i < GUARD; i++)
+        assert_int_equal(p[n + i], POISON);
 }
 
-static double halfstep(double q) { return q <= 2 ? 0.25 : q <= 4 ? 0.5 : 1.0; }
+static double halfstep(double q) {
+    return q <= 2 ? 0.25 : q <= 4 ? 0.5 : 1.0;
+}
 
 /* Fresh inputs each run (time and a counter); the seed is printed to replay a failure. */
 static void seed(void) {
@@ -117,9 +124,11 @@ static void test_nvfp4_weight_bounds_and_requant(void **state) {
         k3_nvfp4_dequantize_row(p2 + r * C / 2, s2 + r * NB, C, ws2, deq2 + r * C);
         for (int64_t b = 0; b < NB; b++) {
             uint8_t s = scales[r * NB + b];
-            if (s < 0x08 && s != 0x01) continue;
+            if (s < 0x08 && s != 0x01)
+                continue;
             normal_blocks++;
-            if (s != 0x01) assert_int_equal(s2[r * NB + b], s); /* all-zero codes: 1.0 */
+            if (s != 0x01)
+                assert_int_equal(s2[r * NB + b], s); /* all-zero codes: 1.0 */
             for (int64_t i = 0; i < 16; i++)
                 assert_true(deq2[r * C + b * 16 + i] == deq[r * C + b * 16 + i]);
         }
@@ -141,9 +150,11 @@ static void test_nvfp4_weight_zero_and_errors(void **state) {
     assert_int_equal(k3_nvfp4_quantize_weight(z, 1, 32, p, s, &ws2, &err), K3_OK);
     assert_true(ws2 == 1.0f);
     assert_int_equal(s[0], 0x38); /* zero blocks get scale 1.0 */
-    for (int i = 0; i < 16; i++) assert_int_equal(p[i], 0); /* -0.0 -> code 0 (ModelOpt) */
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(p[i], 0); /* -0.0 -> code 0 (ModelOpt) */
     float w[3 * 32];
-    for (int i = 0; i < 96; i++) w[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 96; i++)
+        w[i] = (float)(i % 7) - 3.0f;
     w[2 * 32 + 17] = NAN;
     assert_int_equal(k3_nvfp4_quantize_weight(w, 3, 32, p, s, &ws2, &err), K3_ERR_NUMERIC);
     assert_non_null(strstr(err.msg, "[2, 17]"));
@@ -170,7 +181,8 @@ static void test_nvfp4_act_bounds(void **state) {
     const int64_t C = 256, NB = C / 16;
     float *x = make_matrix(1, C);
     float amax = 0;
-    for (int64_t c = 0; c < C; c++) amax = fmaxf(amax, fabsf(x[c]));
+    for (int64_t c = 0; c < C; c++)
+        amax = fmaxf(amax, fabsf(x[c]));
     const float g = 2688.0f / amax;
     uint8_t *packed = guarded((size_t)C / 2), *scales = guarded((size_t)NB);
     float deq[256];
@@ -186,7 +198,9 @@ static void test_nvfp4_act_bounds(void **state) {
         double bound = q <= 6 ? halfstep(q) * S * (1 + 1e-6)
                               : fmax(6 * S * 0x1p-4, 6 * 0x1p-10 / g) * (1 + 1e-6);
         double e = fabs((double)x[c] - deq[c]);
-        if (!(e <= bound)) fail_msg("act [%lld]: |%g - %g| > %g", (long long)c, (double)x[c], (double)deq[c], bound);
+        if (!(e <= bound))
+            fail_msg("act [%lld]: |%g - %g| > %g", (long long)c, (double)x[c], (double)deq[c],
+                     bound);
     }
     x[37] = NAN;
     x[200] = INFINITY;
@@ -207,7 +221,8 @@ static void test_mxfp4_bounds_and_requant(void **state) {
     const int64_t R = 7, C = 192, NB = C / 32;
     float *w = make_matrix(R, C);
     uint8_t *packed = guarded((size_t)(R * C / 2)), *scales = guarded((size_t)(R * NB));
-    float *deq = malloc((size_t)(R * C) * sizeof *deq), *deq2 = malloc((size_t)(R * C) * sizeof *deq);
+    float *deq = malloc((size_t)(R * C) * sizeof *deq),
+          *deq2 = malloc((size_t)(R * C) * sizeof *deq);
     k3_error err = {0};
     assert_int_equal(k3_mxfp4_quantize(w, R, C, packed, scales, &err), K3_OK);
     assert_guard(packed, (size_t)(R * C / 2));
@@ -220,7 +235,8 @@ static void test_mxfp4_bounds_and_requant(void **state) {
             /* no saturation: 2^e >= amax/6 */
             double bound = halfstep(fabs(w[r * C + c]) / S) * S;
             assert_true(fabs(w[r * C + c]) / S <= 6.0);
-            if (!(e <= bound)) fail_msg("mxfp4 [%lld, %lld]: %g > %g", (long long)r, (long long)c, e, bound);
+            if (!(e <= bound))
+                fail_msg("mxfp4 [%lld, %lld]: %g > %g", (long long)r, (long long)c, e, bound);
         }
     }
     /* dequant(quant(dequant(q))) == dequant(q) for every block (codes may move between
@@ -228,7 +244,8 @@ static void test_mxfp4_bounds_and_requant(void **state) {
     assert_int_equal(k3_mxfp4_quantize(deq, R, C, packed, scales, &err), K3_OK);
     for (int64_t r = 0; r < R; r++)
         k3_mxfp4_dequantize_row(packed + r * C / 2, scales + r * NB, C, deq2 + r * C);
-    for (int64_t i = 0; i < R * C; i++) assert_true(deq2[i] == deq[i]);
+    for (int64_t i = 0; i < R * C; i++)
+        assert_true(deq2[i] == deq[i]);
     w[3 * C + 100] = NAN;
     assert_int_equal(k3_mxfp4_quantize(w, R, C, packed, scales, &err), K3_ERR_NUMERIC);
     assert_non_null(strstr(err.msg, "[3, 100]"));
@@ -251,13 +268,15 @@ static void test_mxfp8_bounds(void **state) {
         double S = ldexp(1.0, scales[c / 32] - 127);
         double bound = fmax(0x1p-4 * fabs(x[c]), 0x1p-10 * S);
         double e = fabs((double)x[c] - deq[c]);
-        if (!(e <= bound)) fail_msg("mxfp8 [%lld]: %g > %g", (long long)c, e, bound);
+        if (!(e <= bound))
+            fail_msg("mxfp8 [%lld]: %g > %g", (long long)c, e, bound);
     }
     x[40] = -INFINITY;
     k3_mxfp8_quantize_row(x, C, q, scales);
     k3_mxfp8_dequantize_row(q, scales, C, deq);
     assert_int_equal(scales[1], 0xFF);
-    for (int64_t c = 0; c < C; c++) assert_int_equal(!!isnan(deq[c]), c / 32 == 1);
+    for (int64_t c = 0; c < C; c++)
+        assert_int_equal(!!isnan(deq[c]), c / 32 == 1);
     free(x), free(q), free(scales);
 }
 
@@ -269,10 +288,12 @@ static void test_fp8_block_bounds_and_requant(void **state) {
     const int64_t R = 200, C = 272; /* ragged in both directions */
     const int64_t NS = ((R + 127) / 128) * ((C + 127) / 128);
     float *w = make_matrix(R, C);
-    for (int64_t c = 0; c < C; c++) w[150 * C + c] *= 1e6f; /* one loud row in block row 1 */
+    for (int64_t c = 0; c < C; c++)
+        w[150 * C + c] *= 1e6f; /* one loud row in block row 1 */
     uint8_t *data = guarded((size_t)(R * C)), *sb = guarded((size_t)NS * 4);
     float *scales = (float *)(void *)sb;
-    float *deq = malloc((size_t)(R * C) * sizeof *deq), *deq2 = malloc((size_t)(R * C) * sizeof *deq);
+    float *deq = malloc((size_t)(R * C) * sizeof *deq),
+          *deq2 = malloc((size_t)(R * C) * sizeof *deq);
     k3_error err = {0};
     assert_int_equal(k3_fp8_block_quantize(w, R, C, data, scales, &err), K3_OK);
     assert_guard(data, (size_t)(R * C));
@@ -283,12 +304,14 @@ static void test_fp8_block_bounds_and_requant(void **state) {
             double S = scales[(r / 128) * ((C + 127) / 128) + c / 128];
             double bound = fmax(0x1p-4 * fabs(w[r * C + c]), 0x1p-10 * S) * (1 + 1e-6);
             double e = fabs((double)w[r * C + c] - deq[r * C + c]);
-            if (!(e <= bound)) fail_msg("fp8 [%lld, %lld]: %g > %g", (long long)r, (long long)c, e, bound);
+            if (!(e <= bound))
+                fail_msg("fp8 [%lld, %lld]: %g > %g", (long long)r, (long long)c, e, bound);
         }
     }
     /* Re-quantizing: the scale is recomputed from 448 * scale, so values agree to 2^-21. */
     assert_int_equal(k3_fp8_block_quantize(deq, R, C, data, scales, &err), K3_OK);
-    for (int64_t r = 0; r < R; r++) k3_fp8_block_dequantize_row(data, scales, R, C, r, deq2 + r * C);
+    for (int64_t r = 0; r < R; r++)
+        k3_fp8_block_dequantize_row(data, scales, R, C, r, deq2 + r * C);
     for (int64_t i = 0; i < R * C; i++)
         if (!(fabs((double)deq2[i] - deq[i]) <= 0x1p-21 * fabs(deq[i])))
             fail_msg("fp8 requant [%lld]: %a vs %a", (long long)i, (double)deq2[i], (double)deq[i]);
@@ -323,7 +346,8 @@ static void check_qmat(const k3_qmat *m, double (*ref)(const k3_qmat *, int64_t,
         for (int64_t c = 0; c < m->cols; c++) {
             double want = ref(m, r, c);
             if (!(o64[c] == want))
-                fail_msg("%s [%lld, %lld]: %a, want %a", k3_wfmt_name(m->fmt), (long long)r, (long long)c, o64[c], want);
+                fail_msg("%s [%lld, %lld]: %a, want %a", k3_wfmt_name(m->fmt), (long long)r,
+                         (long long)c, o64[c], want);
             float w32 = (float)want;
             assert_memory_equal(&o32[c], &w32, sizeof w32); /* f64 value rounded once */
         }
@@ -331,14 +355,16 @@ static void check_qmat(const k3_qmat *m, double (*ref)(const k3_qmat *, int64_t,
     /* out-of-range rows are NaN, not a read past the end */
     k3_qmat_row_f64(m, m->rows, o64);
     k3_qmat_row_f32(m, -1, o32);
-    for (int64_t c = 0; c < m->cols; c++) assert_true(isnan(o64[c]) && isnan(o32[c]));
+    for (int64_t c = 0; c < m->cols; c++)
+        assert_true(isnan(o64[c]) && isnan(o32[c]));
     free(o64), free(o32);
 }
 
 static double ref_nvfp4(const k3_qmat *m, int64_t r, int64_t c) {
     const uint8_t *p = m->data, *s = m->scale;
     uint8_t b = p[r * m->cols / 2 + c / 2];
-    return ref_e2m1((c & 1) ? b >> 4 : b & 15) * ref_e4m3(s[r * m->cols / 16 + c / 16]) * (double)m->global_scale;
+    return ref_e2m1((c & 1) ? b >> 4 : b & 15) * ref_e4m3(s[r * m->cols / 16 + c / 16]) *
+           (double)m->global_scale;
 }
 static double ref_mxfp4(const k3_qmat *m, int64_t r, int64_t c) {
     const uint8_t *p = m->data, *s = m->scale;
@@ -378,28 +404,41 @@ static void test_qmat_rows(void **state) {
     k3_error err = {0};
 
     assert_int_equal(k3_nvfp4_quantize_weight(w, R, C, packed, sc, &ws2, &err), K3_OK);
-    k3_qmat m = {.fmt = K3_WFMT_NVFP4, .rows = R, .cols = C, .data = packed, .scale = sc, .global_scale = ws2};
+    k3_qmat m = {.fmt = K3_WFMT_NVFP4,
+                 .rows = R,
+                 .cols = C,
+                 .data = packed,
+                 .scale = sc,
+                 .global_scale = ws2};
     check_qmat(&m, ref_nvfp4);
     assert_int_equal(k3_qmat_data_bytes(&m), R * C / 2);
     assert_int_equal(k3_qmat_scale_bytes(&m), R * C / 16);
 
     assert_int_equal(k3_mxfp4_quantize(w, R, C, packed, sc, &err), K3_OK);
-    m = (k3_qmat){.fmt = K3_WFMT_MXFP4, .rows = R, .cols = C, .data = packed, .scale = sc, .global_scale = 1};
+    m = (k3_qmat){
+        .fmt = K3_WFMT_MXFP4, .rows = R, .cols = C, .data = packed, .scale = sc, .global_scale = 1};
     check_qmat(&m, ref_mxfp4);
     assert_int_equal(k3_qmat_scale_bytes(&m), R * C / 32);
 
     assert_int_equal(k3_fp8_block_quantize(w, R, C, packed, fsc, &err), K3_OK);
-    m = (k3_qmat){.fmt = K3_WFMT_FP8_BLOCK, .rows = R, .cols = C, .data = packed, .scale = fsc, .global_scale = 1};
+    m = (k3_qmat){.fmt = K3_WFMT_FP8_BLOCK,
+                  .rows = R,
+                  .cols = C,
+                  .data = packed,
+                  .scale = fsc,
+                  .global_scale = 1};
     check_qmat(&m, ref_fp8);
     assert_int_equal(k3_qmat_data_bytes(&m), R * C);
     assert_int_equal(k3_qmat_scale_bytes(&m), 2 * 3 * 4);
 
-    for (int64_t i = 0; i < R * C; i++) h[i] = k3_f32_to_bf16(w[i]);
+    for (int64_t i = 0; i < R * C; i++)
+        h[i] = k3_f32_to_bf16(w[i]);
     m = (k3_qmat){.fmt = K3_WFMT_BF16, .rows = R, .cols = C, .data = h, .global_scale = 1};
     check_qmat(&m, ref_bf16);
     assert_int_equal(k3_qmat_data_bytes(&m), R * C * 2);
     assert_int_equal(k3_qmat_scale_bytes(&m), 0);
-    for (int64_t i = 0; i < R * C; i++) h[i] = k3_f32_to_f16(w[i]);
+    for (int64_t i = 0; i < R * C; i++)
+        h[i] = k3_f32_to_f16(w[i]);
     m.fmt = K3_WFMT_F16;
     check_qmat(&m, ref_f16);
     m = (k3_qmat){.fmt = K3_WFMT_F32, .rows = R, .cols = C, .data = w, .global_scale = 1};
@@ -410,7 +449,8 @@ static void test_qmat_rows(void **state) {
     double o[288];
     m = (k3_qmat){.fmt = K3_WFMT_NVFP4, .rows = R, .cols = 40, .data = packed, .scale = sc};
     k3_qmat_row_f64(&m, 0, o);
-    for (int c = 0; c < 40; c++) assert_true(isnan(o[c]));
+    for (int c = 0; c < 40; c++)
+        assert_true(isnan(o[c]));
     m = (k3_qmat){.fmt = K3_WFMT_MXFP4, .rows = R, .cols = C, .data = packed, .scale = NULL};
     k3_qmat_row_f64(&m, 0, o);
     assert_true(isnan(o[0]) && isnan(o[C - 1]));
@@ -419,7 +459,8 @@ static void test_qmat_rows(void **state) {
     assert_true(isnan(o[0]));
     assert_string_equal(k3_wfmt_name(K3_WFMT_FP8_BLOCK), "fp8-block");
     assert_string_equal(k3_wfmt_name(K3_WFMT_COUNT), "unknown");
-    for (int f = 0; f < K3_WFMT_COUNT; f++) assert_string_not_equal(k3_wfmt_name((k3_wfmt)f), "unknown");
+    for (int f = 0; f < K3_WFMT_COUNT; f++)
+        assert_string_not_equal(k3_wfmt_name((k3_wfmt)f), "unknown");
     free(w), free(packed), free(sc), free(fsc), free(h);
 }
 

@@ -3,7 +3,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
+
 #include <string.h>
 
 #include "io/json.h"
@@ -41,8 +43,10 @@ static void test_rejects(void **state) {
     expect("{\"a\": \"\xc0\xaf\"}", K3_ERR_FORMAT, "UTF-8");     /* overlong */
     expect("{\"a\": ", K3_ERR_FORMAT, "invalid JSON");
     char deep[400] = {0};
-    for (int i = 0; i < 100; i++) deep[i] = '[';
-    for (int i = 0; i < 100; i++) deep[100 + i] = ']';
+    for (int i = 0; i < 100; i++)
+        deep[i] = '[';
+    for (int i = 0; i < 100; i++)
+        deep[100 + i] = ']';
     expect(deep, K3_ERR_FORMAT, "deeper");
 }
 

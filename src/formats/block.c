@@ -11,25 +11,28 @@
 #include <math.h>
 
 /* float(1/c) as PyTorch on CUDA forms it for `tensor / c` (block.h explains why). */
-#define RCP_6 ((float)(1.0 / 6.0))
-#define RCP_448 ((float)(1.0 / 448.0))
+#define RCP_6    ((float)(1.0 / 6.0))
+#define RCP_448  ((float)(1.0 / 448.0))
 #define RCP_2688 ((float)(1.0 / 2688.0))
 
 static int check_finite(const float *row, int64_t n, int64_t r, int64_t c0, const char *what,
                         k3_error *err) {
     for (int64_t c = 0; c < n; c++)
         if (!isfinite(row[c]))
-            return k3_fail(err, K3_ERR_NUMERIC, "%s [%lld, %lld]: expected a finite value, found %s",
-                           what, (long long)r, (long long)(c0 + c), isnan(row[c]) ? "NaN" : "Inf");
+            return k3_fail(err, K3_ERR_NUMERIC,
+                           "%s [%lld, %lld]: expected a finite value, found %s", what, (long long)r,
+                           (long long)(c0 + c), isnan(row[c]) ? "NaN" : "Inf");
     return K3_OK;
 }
 
-static int check_shape(int64_t rows, int64_t cols, int64_t block, const char *what,
-                       const void *a, const void *b, const void *c, k3_error *err) {
-    if (!a || !b || !c) return k3_fail(err, K3_ERR_ARG, "%s: NULL buffer", what);
+static int check_shape(int64_t rows, int64_t cols, int64_t block, const char *what, const void *a,
+                       const void *b, const void *c, k3_error *err) {
+    if (!a || !b || !c)
+        return k3_fail(err, K3_ERR_ARG, "%s: NULL buffer", what);
     if (rows < 0 || cols <= 0 || cols % block != 0)
-        return k3_fail(err, K3_ERR_SHAPE, "%s: expected cols a positive multiple of %lld, found [%lld, %lld]",
-                       what, (long long)block, (long long)rows, (long long)cols);
+        return k3_fail(err, K3_ERR_SHAPE,
+                       "%s: expected cols a positive multiple of %lld, found [%lld, %lld]", what,
+                       (long long)block, (long long)rows, (long long)cols);
     return K3_OK;
 }
 
@@ -38,7 +41,8 @@ static float block_amax(const float *x, int64_t n) {
     float m = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         float a = fabsf(x[i]);
-        if (a > m) m = a;
+        if (a > m)
+            m = a;
     }
     return m;
 }
@@ -50,7 +54,8 @@ static float block_amax_nf(const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float a = fabsf(x[i]);
         bad |= !(a <= FLT_MAX);
-        if (a > m) m = a;
+        if (a > m)
+            m = a;
     }
     return bad ? NAN : m;
 }
@@ -76,14 +81,18 @@ static float pow2f(int e) {
 int k3_nvfp4_quantize_weight(const float *w, int64_t rows, int64_t cols, uint8_t *packed,
                              uint8_t *scales, float *weight_scale_2, k3_error *err) {
     int rc = check_shape(rows, cols, K3_NVFP4_BLOCK, "nvfp4 weight", w, packed, scales, err);
-    if (rc) return rc;
-    if (!weight_scale_2) return k3_fail(err, K3_ERR_ARG, "nvfp4 weight: NULL weight_scale_2");
+    if (rc)
+        return rc;
+    if (!weight_scale_2)
+        return k3_fail(err, K3_ERR_ARG, "nvfp4 weight: NULL weight_scale_2");
     float amax = 0.0f;
     for (int64_t r = 0; r < rows; r++) {
         const float *row = w + r * cols;
-        if ((rc = check_finite(row, cols, r, 0, "nvfp4 weight", err))) return rc;
+        if ((rc = check_finite(row, cols, r, 0, "nvfp4 weight", err)))
+            return rc;
         float a = block_amax(row, cols);
-        if (a > amax) amax = a;
+        if (a > amax)
+            amax = a;
     }
     float ws2 = amax == 0.0f ? 1.0f : amax * RCP_2688;
     if (!(ws2 >= FLT_MIN))
@@ -91,14 +100,16 @@ int k3_nvfp4_quantize_weight(const float *w, int64_t rows, int64_t cols, uint8_t
                        "nvfp4 weight: amax %g is too small: weight_scale_2 would be subnormal",
                        (double)amax);
     rc = k3_nvfp4_quantize_weight_gs(w, rows, cols, ws2, packed, scales, err);
-    if (rc == K3_OK) *weight_scale_2 = ws2;
+    if (rc == K3_OK)
+        *weight_scale_2 = ws2;
     return rc;
 }
 
 int k3_nvfp4_quantize_weight_gs(const float *w, int64_t rows, int64_t cols, float weight_scale_2,
                                 uint8_t *packed, uint8_t *scales, k3_error *err) {
     int rc = check_shape(rows, cols, K3_NVFP4_BLOCK, "nvfp4 weight", w, packed, scales, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     const float ws2 = weight_scale_2;
     if (!(ws2 >= FLT_MIN && ws2 <= FLT_MAX))
         return k3_fail(err, K3_ERR_NUMERIC,
@@ -112,8 +123,10 @@ int k3_nvfp4_quantize_weight_gs(const float *w, int64_t rows, int64_t cols, floa
             if ((rc = check_finite(x, K3_NVFP4_BLOCK, r, b * K3_NVFP4_BLOCK, "nvfp4 weight", err)))
                 return rc;
             float sf = block_amax(x, K3_NVFP4_BLOCK) / six_ws2;
-            if (sf == 0.0f) sf = 1.0f;
-            if (sf < 0x1p-9f) sf = 0x1p-9f;
+            if (sf == 0.0f)
+                sf = 1.0f;
+            if (sf < 0x1p-9f)
+                sf = 0x1p-9f;
             if (!(sf < 464.0f))
                 return k3_fail(err, K3_ERR_NUMERIC,
                                "nvfp4 weight [%lld, %lld..%lld]: block amax %g exceeds "
@@ -144,11 +157,13 @@ void k3_nvfp4_quantize_act_row(const float *x, int64_t cols, float g, uint8_t *p
         float amax = block_amax_nf(xb, K3_NVFP4_BLOCK);
         if (isnan(amax)) {
             scales[b] = 0x7F;
-            for (int i = 0; i < K3_NVFP4_BLOCK / 2; i++) p[i] = 0;
+            for (int i = 0; i < K3_NVFP4_BLOCK / 2; i++)
+                p[i] = 0;
             continue;
         }
         float sf = g * (amax * RCP_6);
-        if (sf > 448.0f) sf = 448.0f;
+        if (sf > 448.0f)
+            sf = 448.0f;
         uint8_t s = k3_f32_to_e4m3(sf);
         scales[b] = s;
         float sv = k3_e4m3_lut[s];
@@ -167,7 +182,8 @@ void k3_nvfp4_dequantize_row(const uint8_t *packed, const uint8_t *scales, int64
         /* E2M1 * scale is exact in float (at most 6 significant bits), so one rounding. */
         float lut[16];
         float sv = k3_e4m3_lut[scales[b]];
-        for (int c = 0; c < 16; c++) lut[c] = (k3_e2m1_lut[c] * sv) * weight_scale_2;
+        for (int c = 0; c < 16; c++)
+            lut[c] = (k3_e2m1_lut[c] * sv) * weight_scale_2;
         const uint8_t *p = packed + b * (K3_NVFP4_BLOCK / 2);
         float *o = out + b * K3_NVFP4_BLOCK;
         for (int i = 0; i < K3_NVFP4_BLOCK / 2; i++) {
@@ -184,10 +200,11 @@ static int mx_exponent(float amax, float rcp) {
     return d > 0.0f ? ceil_log2(d) : -127;
 }
 
-int k3_mxfp4_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *packed,
-                      uint8_t *scales, k3_error *err) {
+int k3_mxfp4_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *packed, uint8_t *scales,
+                      k3_error *err) {
     int rc = check_shape(rows, cols, K3_MXFP4_BLOCK, "mxfp4 weight", w, packed, scales, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     const int64_t nb = cols / K3_MXFP4_BLOCK;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < nb; b++) {
@@ -195,13 +212,14 @@ int k3_mxfp4_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *packe
             if ((rc = check_finite(x, K3_MXFP4_BLOCK, r, b * K3_MXFP4_BLOCK, "mxfp4 weight", err)))
                 return rc;
             int e = mx_exponent(block_amax(x, K3_MXFP4_BLOCK), RCP_6);
-            if (e < -127) e = -127;
+            if (e < -127)
+                e = -127;
             scales[r * nb + b] = k3_e8m0_from_exp(e);
             const float inv = pow2f(-e); /* x * 2^-e equals x / 2^e: same real, one rounding */
             uint8_t *p = packed + r * (cols / 2) + b * (K3_MXFP4_BLOCK / 2);
             for (int i = 0; i < K3_MXFP4_BLOCK; i += 2)
-                p[i / 2] = (uint8_t)(k3_f32_to_e2m1(x[i] * inv) |
-                                     (k3_f32_to_e2m1(x[i + 1] * inv) << 4));
+                p[i / 2] =
+                    (uint8_t)(k3_f32_to_e2m1(x[i] * inv) | (k3_f32_to_e2m1(x[i + 1] * inv) << 4));
         }
     }
     return K3_OK;
@@ -227,12 +245,15 @@ void k3_mxfp8_quantize_row(const float *x, int64_t cols, uint8_t *e4m3, uint8_t 
         float amax = block_amax_nf(xb, K3_MXFP4_BLOCK);
         if (isnan(amax)) {
             scales[b] = 0xFF;
-            for (int i = 0; i < K3_MXFP4_BLOCK; i++) q[i] = 0x7F;
+            for (int i = 0; i < K3_MXFP4_BLOCK; i++)
+                q[i] = 0x7F;
             continue;
         }
         int e = mx_exponent(amax, RCP_448);
-        if (e < -127) e = -127;
-        if (e > 127) e = 127;
+        if (e < -127)
+            e = -127;
+        if (e > 127)
+            e = 127;
         scales[b] = k3_e8m0_from_exp(e);
         const float inv = pow2f(-e);
         for (int i = 0; i < K3_MXFP4_BLOCK; i++)
@@ -240,8 +261,7 @@ void k3_mxfp8_quantize_row(const float *x, int64_t cols, uint8_t *e4m3, uint8_t 
     }
 }
 
-void k3_mxfp8_dequantize_row(const uint8_t *e4m3, const uint8_t *scales, int64_t cols,
-                             float *out) {
+void k3_mxfp8_dequantize_row(const uint8_t *e4m3, const uint8_t *scales, int64_t cols, float *out) {
     for (int64_t b = 0; b < cols / K3_MXFP4_BLOCK; b++) {
         float sv = k3_e8m0_lut[scales[b]];
         for (int i = 0; i < K3_MXFP4_BLOCK; i++)
@@ -251,10 +271,11 @@ void k3_mxfp8_dequantize_row(const uint8_t *e4m3, const uint8_t *scales, int64_t
 
 /* ---- FP8 128x128 blocks ------------------------------------------------------------- */
 
-int k3_fp8_block_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *data,
-                          float *scales, k3_error *err) {
+int k3_fp8_block_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *data, float *scales,
+                          k3_error *err) {
     int rc = check_shape(rows, cols, 1, "fp8 block weight", w, data, scales, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     const int64_t B = K3_FP8_BLOCK;
     const int64_t nbr = (rows + B - 1) / B, nbc = (cols + B - 1) / B;
     for (int64_t i = 0; i < nbr; i++) {
@@ -266,10 +287,12 @@ int k3_fp8_block_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *d
                 if ((rc = check_finite(w + r * cols + c0, c1 - c0, r, c0, "fp8 block weight", err)))
                     return rc;
                 float a = block_amax(w + r * cols + c0, c1 - c0);
-                if (a > amax) amax = a;
+                if (a > amax)
+                    amax = a;
             }
             float s = amax * RCP_448;
-            if (amax == 0.0f) s = 1.0f;
+            if (amax == 0.0f)
+                s = 1.0f;
             if (s == 0.0f)
                 return k3_fail(err, K3_ERR_NUMERIC,
                                "fp8 block weight [%lld.., %lld..]: block amax %g is too small: "
@@ -277,7 +300,8 @@ int k3_fp8_block_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *d
                                (long long)r0, (long long)c0, (double)amax);
             scales[i * nbc + j] = s;
             for (int64_t r = r0; r < r1; r++)
-                for (int64_t c = c0; c < c1; c++) data[r * cols + c] = k3_f32_to_e4m3(w[r * cols + c] / s);
+                for (int64_t c = c0; c < c1; c++)
+                    data[r * cols + c] = k3_f32_to_e4m3(w[r * cols + c] / s);
         }
     }
     return K3_OK;
@@ -289,5 +313,6 @@ void k3_fp8_block_dequantize_row(const uint8_t *data, const float *scales, int64
     const int64_t nbc = (cols + K3_FP8_BLOCK - 1) / K3_FP8_BLOCK;
     const float *srow = scales + (r / K3_FP8_BLOCK) * nbc;
     const uint8_t *d = data + r * cols;
-    for (int64_t c = 0; c < cols; c++) out[c] = k3_e4m3_lut[d[c]] * srow[c / K3_FP8_BLOCK];
+    for (int64_t c = 0; c < cols; c++)
+        out[c] = k3_e4m3_lut[d[c]] * srow[c / K3_FP8_BLOCK];
 }

@@ -28,7 +28,7 @@
 
 #define K3_NVFP4_BLOCK 16
 #define K3_MXFP4_BLOCK 32
-#define K3_FP8_BLOCK 128
+#define K3_FP8_BLOCK   128
 
 /* NVFP4 weight quantization of a whole [rows, cols] float matrix (cols % 16 == 0):
  *   weight_scale_2 = amax(|W|) * float(1/2688); an all-zero matrix gets 1.0 (ModelOpt would
@@ -71,8 +71,8 @@ void k3_nvfp4_dequantize_row(const uint8_t *packed, const uint8_t *scales, int64
  * Deliberate difference from ModelOpt's MXFP4 cast: ModelOpt breaks E2M1 ties toward the
  * smaller magnitude (0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3) and writes exact zeros as code 8;
  * k3 rounds ties to even (§3.2) and keeps the sign of zero. Scales are identical. */
-int k3_mxfp4_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *packed,
-                      uint8_t *scales, k3_error *err);
+int k3_mxfp4_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *packed, uint8_t *scales,
+                      k3_error *err);
 /* out = E2M1 * 2^(e-127): exact in float except 6 * 2^127 (Inf) and NaN for 0xFF. */
 void k3_mxfp4_dequantize_row(const uint8_t *packed, const uint8_t *scales, int64_t cols,
                              float *out);
@@ -81,16 +81,15 @@ void k3_mxfp4_dequantize_row(const uint8_t *packed, const uint8_t *scales, int64
  * float(1/448))) clamped to [-127, 127] (amax 0 -> -127), elements E4M3(clamp(x * 2^-e,
  * ±448)). Non-finite blocks: scale 0xFF (NaN), elements 0x7F. */
 void k3_mxfp8_quantize_row(const float *x, int64_t cols, uint8_t *e4m3, uint8_t *scales);
-void k3_mxfp8_dequantize_row(const uint8_t *e4m3, const uint8_t *scales, int64_t cols,
-                             float *out);
+void k3_mxfp8_dequantize_row(const uint8_t *e4m3, const uint8_t *scales, int64_t cols, float *out);
 
 /* FP8 block weights: scale[i, j] = amax(block) * float(1/448), data = E4M3(W / scale)
  * (IEEE division, saturating at 448). A zero block gets scale 1.0 (ModelOpt stores 0 and
  * divides by 1; a positive scale keeps loaders that reject zero scales happy, and the data
  * is 0 either way). A nonzero amax whose scale underflows to 0 is K3_ERR_NUMERIC.
  * scales: [ceil(rows/128), ceil(cols/128)]; ragged edges are partial blocks. */
-int k3_fp8_block_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *data,
-                          float *scales, k3_error *err);
+int k3_fp8_block_quantize(const float *w, int64_t rows, int64_t cols, uint8_t *data, float *scales,
+                          k3_error *err);
 /* Row r of the [rows, cols] matrix: out = float(E4M3) * scale, rounded once. */
 void k3_fp8_block_dequantize_row(const uint8_t *data, const float *scales, int64_t rows,
                                  int64_t cols, int64_t r, float *out);

@@ -25,17 +25,25 @@ extern const float k3_e4m3_lut[256]; /* 0x7F, 0xFF -> NaN */
 extern const float k3_e5m2_lut[256]; /* 0x7C/0xFC -> ±Inf, 0x7D..0x7F and 0xFD..0xFF -> NaN */
 extern const float k3_e8m0_lut[256]; /* 2^(e-127); 0xFF -> NaN */
 
-static inline float k3_e2m1_to_f32(uint8_t code) { return k3_e2m1_lut[code & 15]; } /* low 4 bits */
+static inline float k3_e2m1_to_f32(uint8_t code) {
+    return k3_e2m1_lut[code & 15];
+} /* low 4 bits */
 uint8_t k3_f32_to_e2m1(float x); /* 4-bit code, sign in bit 3 */
 
-static inline float k3_e4m3_to_f32(uint8_t code) { return k3_e4m3_lut[code]; }
+static inline float k3_e4m3_to_f32(uint8_t code) {
+    return k3_e4m3_lut[code];
+}
 uint8_t k3_f32_to_e4m3(float x);
 
-static inline float k3_e5m2_to_f32(uint8_t code) { return k3_e5m2_lut[code]; }
+static inline float k3_e5m2_to_f32(uint8_t code) {
+    return k3_e5m2_lut[code];
+}
 uint8_t k3_f32_to_e5m2(float x);
 
 /* 0xFF -> NaN; 0 -> 2^-127 (a float32 subnormal). */
-static inline float k3_e8m0_to_f32(uint8_t code) { return k3_e8m0_lut[code]; }
+static inline float k3_e8m0_to_f32(uint8_t code) {
+    return k3_e8m0_lut[code];
+}
 /* E8M0 from an unbiased exponent: e in [-127, 127] -> code e+127; outside -> clamped. */
 uint8_t k3_e8m0_from_exp(int e);
 

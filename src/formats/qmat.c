@@ -12,13 +12,20 @@
 
 const char *k3_wfmt_name(k3_wfmt fmt) {
     switch (fmt) {
-    case K3_WFMT_F32: return "f32";
-    case K3_WFMT_BF16: return "bf16";
-    case K3_WFMT_F16: return "f16";
-    case K3_WFMT_NVFP4: return "nvfp4";
-    case K3_WFMT_MXFP4: return "mxfp4";
-    case K3_WFMT_FP8_BLOCK: return "fp8-block";
-    case K3_WFMT_COUNT: break;
+    case K3_WFMT_F32:
+        return "f32";
+    case K3_WFMT_BF16:
+        return "bf16";
+    case K3_WFMT_F16:
+        return "f16";
+    case K3_WFMT_NVFP4:
+        return "nvfp4";
+    case K3_WFMT_MXFP4:
+        return "mxfp4";
+    case K3_WFMT_FP8_BLOCK:
+        return "fp8-block";
+    case K3_WFMT_COUNT:
+        break;
     }
     return "unknown";
 }
@@ -31,33 +38,41 @@ static int64_t block_of(k3_wfmt fmt) {
 static int row_ok(const k3_qmat *m, int64_t r) {
     if (!m || (unsigned)m->fmt >= K3_WFMT_COUNT || !m->data || m->rows <= 0 || m->cols <= 0)
         return 0;
-    if (r < 0 || r >= m->rows || m->cols % block_of(m->fmt) != 0) return 0;
-    if (m->fmt >= K3_WFMT_NVFP4 && !m->scale) return 0;
+    if (r < 0 || r >= m->rows || m->cols % block_of(m->fmt) != 0)
+        return 0;
+    if (m->fmt >= K3_WFMT_NVFP4 && !m->scale)
+        return 0;
     return 1;
 }
 
-static int64_t cols_of(const k3_qmat *m) { return m && m->cols > 0 ? m->cols : 0; }
+static int64_t cols_of(const k3_qmat *m) {
+    return m && m->cols > 0 ? m->cols : 0;
+}
 
 void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
     if (!row_ok(m, r)) {
-        for (int64_t c = 0; c < cols_of(m); c++) out[c] = NAN;
+        for (int64_t c = 0; c < cols_of(m); c++)
+            out[c] = NAN;
         return;
     }
     const int64_t K = m->cols;
     switch (m->fmt) {
     case K3_WFMT_F32: {
         const float *d = (const float *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++) out[c] = d[c];
+        for (int64_t c = 0; c < K; c++)
+            out[c] = d[c];
         break;
     }
     case K3_WFMT_BF16: {
         const uint16_t *d = (const uint16_t *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++) out[c] = k3_bf16_to_f32(d[c]);
+        for (int64_t c = 0; c < K; c++)
+            out[c] = k3_bf16_to_f32(d[c]);
         break;
     }
     case K3_WFMT_F16: {
         const uint16_t *d = (const uint16_t *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++) out[c] = k3_f16_to_f32(d[c]);
+        for (int64_t c = 0; c < K; c++)
+            out[c] = k3_f16_to_f32(d[c]);
         break;
     }
     case K3_WFMT_NVFP4:
@@ -78,23 +93,27 @@ void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
         const int64_t nbc = (K + K3_FP8_BLOCK - 1) / K3_FP8_BLOCK;
         const float *s = (const float *)m->scale + (r / K3_FP8_BLOCK) * nbc;
         const uint8_t *d = (const uint8_t *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++) out[c] = (double)k3_e4m3_lut[d[c]] * s[c / K3_FP8_BLOCK];
+        for (int64_t c = 0; c < K; c++)
+            out[c] = (double)k3_e4m3_lut[d[c]] * s[c / K3_FP8_BLOCK];
         break;
     }
-    case K3_WFMT_COUNT: break;
+    case K3_WFMT_COUNT:
+        break;
     }
 }
 
 void k3_qmat_row_f32(const k3_qmat *m, int64_t r, float *out) {
     if (!row_ok(m, r)) {
-        for (int64_t c = 0; c < cols_of(m); c++) out[c] = NAN;
+        for (int64_t c = 0; c < cols_of(m); c++)
+            out[c] = NAN;
         return;
     }
     const int64_t K = m->cols;
     switch (m->fmt) {
     case K3_WFMT_F32: {
         const float *d = (const float *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++) out[c] = d[c];
+        for (int64_t c = 0; c < K; c++)
+            out[c] = d[c];
         break;
     }
     case K3_WFMT_BF16:
@@ -116,33 +135,44 @@ void k3_qmat_row_f32(const k3_qmat *m, int64_t r, float *out) {
     case K3_WFMT_FP8_BLOCK:
         k3_fp8_block_dequantize_row(m->data, m->scale, m->rows, K, r, out);
         break;
-    case K3_WFMT_COUNT: break;
+    case K3_WFMT_COUNT:
+        break;
     }
 }
 
 size_t k3_qmat_data_bytes(const k3_qmat *m) {
-    if (!m || m->rows < 0 || m->cols < 0) return 0;
+    if (!m || m->rows < 0 || m->cols < 0)
+        return 0;
     size_t n = (size_t)m->rows * (size_t)m->cols;
     switch (m->fmt) {
-    case K3_WFMT_F32: return n * 4;
+    case K3_WFMT_F32:
+        return n * 4;
     case K3_WFMT_BF16:
-    case K3_WFMT_F16: return n * 2;
+    case K3_WFMT_F16:
+        return n * 2;
     case K3_WFMT_NVFP4:
-    case K3_WFMT_MXFP4: return (size_t)m->rows * (size_t)(m->cols / 2);
-    case K3_WFMT_FP8_BLOCK: return n;
-    case K3_WFMT_COUNT: break;
+    case K3_WFMT_MXFP4:
+        return (size_t)m->rows * (size_t)(m->cols / 2);
+    case K3_WFMT_FP8_BLOCK:
+        return n;
+    case K3_WFMT_COUNT:
+        break;
     }
     return 0;
 }
 
 size_t k3_qmat_scale_bytes(const k3_qmat *m) {
-    if (!m || m->rows < 0 || m->cols < 0) return 0;
+    if (!m || m->rows < 0 || m->cols < 0)
+        return 0;
     switch (m->fmt) {
-    case K3_WFMT_NVFP4: return (size_t)m->rows * (size_t)(m->cols / K3_NVFP4_BLOCK);
-    case K3_WFMT_MXFP4: return (size_t)m->rows * (size_t)(m->cols / K3_MXFP4_BLOCK);
+    case K3_WFMT_NVFP4:
+        return (size_t)m->rows * (size_t)(m->cols / K3_NVFP4_BLOCK);
+    case K3_WFMT_MXFP4:
+        return (size_t)m->rows * (size_t)(m->cols / K3_MXFP4_BLOCK);
     case K3_WFMT_FP8_BLOCK:
         return (size_t)((m->rows + K3_FP8_BLOCK - 1) / K3_FP8_BLOCK) *
                (size_t)((m->cols + K3_FP8_BLOCK - 1) / K3_FP8_BLOCK) * sizeof(float);
-    default: return 0;
+    default:
+        return 0;
     }
 }

@@ -24,9 +24,9 @@ typedef enum k3_wfmt {
 
 typedef struct k3_qmat {
     k3_wfmt fmt;
-    int64_t rows, cols;   /* logical shape [out, in] */
-    const void *data;     /* see k3_wfmt */
-    const void *scale;    /* block scales (NULL for F32/BF16/F16) */
+    int64_t rows, cols; /* logical shape [out, in] */
+    const void *data;   /* see k3_wfmt */
+    const void *scale;  /* block scales (NULL for F32/BF16/F16) */
     /* NVFP4 only: weight_scale_2, the per-tensor dequantization multiplier (ModelOpt
      * convention; a compressed-tensors weight_global_scale is stored here as 1/global).
      * 1.0 for every other format. */

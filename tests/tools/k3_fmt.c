@@ -49,7 +49,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     fclose(f);
-    for (size_t i = 0; i < n; i++) deq[i] = NAN; /* poison */
+    for (size_t i = 0; i < n; i++)
+        deq[i] = NAN; /* poison */
     k3_error err = {0};
     int rc = 0;
     size_t data_n = n, scale_n = 0;
@@ -69,8 +70,8 @@ int main(int argc, char **argv) {
             k3_nvfp4_quantize_act_row(w + r * cols, cols, param, data + r * cols / 2,
                                       scales + r * cols / 16);
             /* dequant x ~ code * s / g: dequantize with weight_scale_2 = 1/g */
-            k3_nvfp4_dequantize_row(data + r * cols / 2, scales + r * cols / 16, cols,
-                                    1.0f / param, deq + r * cols);
+            k3_nvfp4_dequantize_row(data + r * cols / 2, scales + r * cols / 16, cols, 1.0f / param,
+                                    deq + r * cols);
         }
     } else if (!strcmp(mode, "mxfp4")) {
         rc = k3_mxfp4_quantize(w, rows, cols, data, scales, &err);
@@ -99,7 +100,8 @@ int main(int argc, char **argv) {
     }
     int bad = write_file(out, "data", data, data_n) | write_file(out, "scales", scales, scale_n) |
               write_file(out, "deq", deq, n * sizeof *deq);
-    if (!strncmp(mode, "nvfp4-w", 7)) bad |= write_file(out, "global", &ws2, sizeof ws2);
+    if (!strncmp(mode, "nvfp4-w", 7))
+        bad |= write_file(out, "global", &ws2, sizeof ws2);
     free(w), free(deq), free(data), free(scales);
     return bad;
 }
