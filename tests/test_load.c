@@ -349,7 +349,8 @@ static const char *tl_write(tlist *L, const char *src, const char *tag) {
         copy_file(a, b);
     }
     k3_error e = {0};
-    if (k3_st_write_sharded(dir, 2, L->t, L->n, NULL, NULL, 0, &e)) fail_msg("write: %s", e.msg);
+    static const char *const meta[1][2] = {{"format", "pt"}};
+    if (k3_st_write_sharded(dir, 2, L->t, L->n, NULL, meta, 1, &e)) fail_msg("write: %s", e.msg);
     return dir;
 }
 
@@ -405,10 +406,11 @@ static void test_bad_expert_twice(void **s) {
     mkdir(dir, 0755);
     k3_error e = {0};
     snprintf(path, sizeof path, "%s/a.safetensors", dir);
-    assert_int_equal(k3_st_write_file(path, L->t, L->n, NULL, 0, &e), K3_OK);
+    static const char *const meta[1][2] = {{"format", "pt"}};
+    assert_int_equal(k3_st_write_file(path, L->t, L->n, meta, 1, &e), K3_OK);
     k3_st_wtensor *one = tl_find(L, P "1.block_sparse_moe.experts.4.w3.weight_packed");
     snprintf(path, sizeof path, "%s/b.safetensors", dir);
-    assert_int_equal(k3_st_write_file(path, one, 1, NULL, 0, &e), K3_OK);
+    assert_int_equal(k3_st_write_file(path, one, 1, meta, 1, &e), K3_OK);
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/config.json", ckpt[K3_TINY_MXFP4]);
     snprintf(b, sizeof b, "%s/config.json", dir);
