@@ -189,6 +189,24 @@ typedef struct k3_make_tiny_opts {
 
 int k3_make_tiny_checkpoint(const k3_make_tiny_opts *opts, k3_error *err);
 
+/* Converts a BF16/F16/F32 checkpoint into a published format: "nvfp4" (ModelOpt),
+ * "nvfp4-ct" (compressed-tensors), "mxfp4" (compressed-tensors) or "fp8-block" (ModelOpt
+ * FP8_PB_WO). Default selection: the routed experts (fp8-block: every linear layer); only /
+ * exclude are regular expressions (PCRE2) searched in module names. Routers, embeddings and
+ * lm_head are never quantized; every unselected tensor is copied unchanged. */
+typedef struct k3_quantize_opts {
+    const char *in, *out;
+    const char *to;
+    const char *const *only;    /* n_only patterns; a module is selected if any matches */
+    int n_only;
+    const char *const *exclude; /* n_exclude patterns; a match deselects */
+    int n_exclude;
+    int n_threads;              /* 0: online CPUs */
+    int progress;
+} k3_quantize_opts;
+
+int k3_quantize_checkpoint(const k3_quantize_opts *opts, k3_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -111,7 +111,10 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
                                     : k3_quant_resolve(&m->qc, e->name, &d, err);
         if (rc) break;
         le->scheme = d.scheme;
-        le->plain_ok = d.by_class;
+        /* plain weights are unambiguous where the declaration is only a class target or a
+         * default (nothing declared for a layer's experts means MXFP4 for the original K3
+         * checkpoint, but a BF16 `.weight` there is still just BF16) */
+        le->plain_ok = d.by_class || d.defaulted;
         int found = 0;
         int64_t kw = -1, kp = -1;
         char name[600];
