@@ -10,6 +10,7 @@
 #include "load/model.h"
 
 #include "formats/fp.h"
+#include "moe/activation.h"
 #include "load/read.h"
 
 #include <math.h>
@@ -208,7 +209,8 @@ static int decode_all(k3_model *m, k3_error *err) {
     }
     /* TensorRT-LLM asserts w1.input_scale == w3.input_scale per expert; k3 takes the max (its
      * fc1 rule) and says so, since a mismatch changes the activation scale of both. */
-    for (size_t i = 0; i + 2 < m->plan.n; i++) {
+    bool gated = k3_act_is_gated(k3_plan_expert_act(&m->mc));
+    for (size_t i = 0; gated && i + 2 < m->plan.n; i++) {
         const k3_pentry *e = &m->plan.e[i];
         if (e->role != K3_R_EXPERT || e->proj != 1 || !m->le[i].selected) continue;
         k3_qmat *w1 = &m->le[i].q, *w3 = &m->le[i + 2].q;
@@ -238,7 +240,8 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
             ml->has_moe = true;
             int n = m->ep.count;
             ml->experts = calloc((size_t)n, sizeof *ml->experts);
-            bool situ = mc->hidden_act == K3_ACT_SITU;
+            k3_act act = k3_plan_expert_act(mc);
+            bool situ = act == K3_ACT_SITU;
             if (situ) {
                 ml->alpha = malloc((size_t)n * sizeof(float));
                 ml->beta = malloc((size_t)n * sizeof(float));
@@ -248,7 +251,7 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
             for (int k = 0; situ && k < n; k++)
                 ml->alpha[k] = (float)mc->situ_beta, ml->beta[k] = (float)mc->situ_linear_beta;
             ml->shared_alpha = (float)mc->situ_beta, ml->shared_beta = (float)mc->situ_linear_beta;
-            k3_act_params ap = {.act = situ ? K3_ACT_SITU : K3_ACT_SWIGLU};
+            k3_act_params ap = {.act = act};
             b->model_width = (int)H;
             b->router = (k3_router){.fn = mc->route_fn, .n_experts = (int)mc->num_experts,
                                     .top_k = (int)mc->num_experts_per_token,
@@ -298,7 +301,7 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
                 k3_expert *x = &ml->experts[e->expert - m->ep.first];
                 if (e->proj == 1) x->w1 = le->q;
                 else if (e->proj == 2) x->w2 = le->q;
-                else x->w3 = le->q;
+                else if (k3_act_is_gated(b->experts.act.act)) x->w3 = le->q;
             }
             break;
         default: break;
