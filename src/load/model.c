@@ -82,6 +82,15 @@ static bool is_vision(const char *name) {
     return !strncmp(name, "vision_tower.", 13) || !strncmp(name, "mm_projector.", 13);
 }
 
+static uint64_t tensor_bytes(const k3_model *m, int64_t k) {
+    k3_tensor_info ti;
+    return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? 0 : ti.nbytes;
+}
+static k3_dtype tensor_dtype(const k3_model *m, int64_t k) {
+    k3_tensor_info ti;
+    return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? K3_DTYPE_INVALID : ti.dtype;
+}
+
 /* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
 static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error *err) {
     size_t nt = k3_checkpoint_tensor_count(m->ck);
@@ -105,6 +114,7 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
             }
             claimed[k] = 1;
             wanted[k] |= le->selected;
+            le->bytes = tensor_bytes(m, k);
             continue;
         }
         k3_qdecl d;
@@ -126,6 +136,8 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
             found++;
             claimed[k] = 1;
             wanted[k] |= le->selected;
+            le->bytes += tensor_bytes(m, k);
+            if (s == 0 || s == 1) le->wdtype = tensor_dtype(m, k);
             if (s == 0) kw = k;
             if (s == 1) kp = k;
         }
@@ -368,10 +380,15 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
         layer_sel[o->layers[i]] = true;
     }
     if ((rc = match(m, layer_sel, &wanted, err))) goto fail;
+    if (o->headers_only) {
+        for (size_t i = 0; i < m->plan.n; i++) m->le[i].selected = false;
+        goto done;
+    }
     k3_read_opts ro = {.n_threads = o->n_threads, .progress = o->progress != 0};
     if ((rc = k3_read_tensors(m, wanted, &ro, err))) goto fail;
     if ((rc = decode_all(m, err))) goto fail;
     if ((rc = assemble(m, layer_sel, err))) goto fail;
+done:
     m->load_seconds = k3_now() - t0;
     free(layer_sel);
     free(wanted);
@@ -382,4 +399,53 @@ fail:
     free(wanted);
     k3_model_close(m);
     return rc;
+}
+
+/* ---- summaries without weights (inspect) ------------------------------------------ */
+
+static const char *expert_format(const k3_lentry *le) {
+    if (le->wdtype == K3_DTYPE_U8) {
+        switch (le->scheme) {
+        case K3_QS_NVFP4: return "NVFP4";
+        case K3_QS_NVFP4_CT: return "NVFP4-CT";
+        case K3_QS_MXFP4: return "MXFP4";
+        default: break;
+        }
+    }
+    if (le->wdtype == K3_DTYPE_F8_E4M3 && le->scheme == K3_QS_FP8_BLOCK) return "FP8-block";
+    return k3_dtype_name(le->wdtype);
+}
+
+int k3_model_layer_info(const k3_model *m, int l, k3_layer_info *o, k3_error *err) {
+    if (!m || !o || l < 0 || l >= m->mc.num_hidden_layers)
+        return k3_fail(err, K3_ERR_ARG, "k3_model_layer_info: layer: expected in [0, %lld), found %d",
+                       m ? (long long)m->mc.num_hidden_layers : 0LL, l);
+    const k3_layer_plan *lp = &m->mc.layers[l];
+    *o = (k3_layer_info){.attn = k3_attn_kind_name(lp->attn), .ffn = k3_ffn_kind_name(lp->ffn)};
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->layer != l) continue;
+        o->bytes += m->le[i].bytes;
+        if (e->role != K3_R_EXPERT) continue;
+        o->expert_bytes += m->le[i].bytes;
+        if (e->expert == 0 && e->proj == 1) o->expert_format = expert_format(&m->le[i]);
+    }
+    if (lp->ffn == K3_FFN_MOE) o->n_experts = (int)m->mc.num_experts;
+    return K3_OK;
+}
+
+int k3_model_rank_info(const k3_model *m, int ep_size, int rank, k3_rank_info *o, k3_error *err) {
+    k3_ep_part p;
+    if (!m || !o) return k3_fail(err, K3_ERR_ARG, "k3_model_rank_info: NULL argument");
+    if (m->mc.n_moe == 0) return k3_fail(err, K3_ERR_ARG, "ep_size: the model has no MoE layers");
+    int rc = k3_ep_partition((int)m->mc.num_experts, ep_size, rank, &p, err);
+    if (rc) return rc;
+    *o = (k3_rank_info){.first = p.first, .count = p.count};
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->role != K3_R_EXPERT) o->total_bytes += m->le[i].bytes;
+        else if (k3_ep_owns(&p, e->expert)) o->expert_bytes += m->le[i].bytes;
+    }
+    o->total_bytes += o->expert_bytes;
+    return K3_OK;
 }

@@ -26,6 +26,8 @@ typedef struct k3_lentry {
     bool plain_ok;        /* declaration by class: plain weights accepted too */
     k3_qmat q;            /* linear entries, once decoded */
     const k3_tview *v;    /* plain entries, once loaded */
+    uint64_t bytes;       /* bytes of all its checkpoint tensors (scales included) */
+    k3_dtype wdtype;      /* linear: dtype of .weight / .weight_packed */
 } k3_lentry;
 
 typedef struct k3_mlayer {
