@@ -37,6 +37,7 @@ void k3_model_close(k3_model *m) {
     free(m->bufs);
     free(m->views);
     k3_name_table_free(&m->vt);
+    k3_name_table_free(&m->pt);
     free(m->le);
     k3_plan_free(&m->plan);
     k3_quant_config_free(&m->qc);
@@ -53,10 +54,9 @@ static const k3_tview *find_view(void *ctx, const char *name) {
 }
 
 const k3_lentry *k3_model_entry(const k3_model *m, const char *name) {
-    size_t pl = strlen(m->plan.prefix);
-    for (size_t i = 0; i < m->plan.n; i++)
-        if (!strcmp(m->plan.e[i].name + pl, name)) return m->le[i].selected ? &m->le[i] : NULL;
-    return NULL;
+    size_t i;
+    if (!m || !k3_name_table_get(&m->pt, name, &i)) return NULL;
+    return m->le[i].selected ? &m->le[i] : NULL;
 }
 
 const k3_moe_block *k3_model_moe(const k3_model *m, int l) {
@@ -356,6 +356,10 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
     if ((rc = k3_quant_config_validate(&m->qc, err))) goto fail;
     if ((rc = detect_prefix(m, &prefix, err))) goto fail;
     if ((rc = k3_plan_build(&m->plan, &m->mc, prefix, err))) goto fail;
+    for (size_t i = 0, pl = strlen(prefix); i < m->plan.n && !rc; i++)
+        if (k3_name_table_put(&m->pt, m->plan.e[i].name + pl, i, NULL))
+            rc = k3_fail(err, K3_ERR_INTERNAL, "%s: twice in the tensor plan", m->plan.e[i].name);
+    if (rc) goto fail;
     if (m->mc.n_moe > 0) {
         if ((rc = k3_ep_partition((int)m->mc.num_experts, ep_size, ep_rank, &m->ep, err))) goto fail;
     } else if (ep_size > 1) {

@@ -51,6 +51,7 @@ struct k3_model {
     k3_tview *views;      /* loaded file tensors */
     size_t n_views;
     k3_name_table vt;     /* name -> views index */
+    k3_name_table pt;     /* plan entry name without the prefix -> plan index */
     void **bufs;          /* [n_views] owned, aligned */
     k3_mlayer *layers;    /* [num_hidden_layers] */
     uint64_t bytes_read, bytes_kept;
