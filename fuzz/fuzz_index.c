@@ -11,15 +11,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     k3_st_index *ix;
     k3_error e;
     if (k3_st_index_parse(&ix, (const char *)data, size, "fuzz-index", &e) != K3_OK) {
-        if (e.msg[0] == '\0') abort();
+        if (e.msg[0] == '\0')
+            abort();
         return 0;
     }
     for (size_t i = 0; i < ix->n_shards; i++) {
         const char *s = ix->shards[i];
-        if (!*s || strchr(s, '/') || !strcmp(s, "..") || !strcmp(s, ".")) abort();
+        if (!*s || strchr(s, '/') || !strcmp(s, "..") || !strcmp(s, "."))
+            abort();
     }
     for (size_t i = 0; i < ix->n_entries; i++)
-        if (ix->shard_of[i] >= ix->n_shards || !ix->names[i][0]) abort();
+        if (ix->shard_of[i] >= ix->n_shards || !ix->names[i][0])
+            abort();
     k3_st_index_free(ix);
     return 0;
 }

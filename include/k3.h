@@ -106,13 +106,13 @@ void k3_checkpoint_close(k3_checkpoint *ck); /* NULL-safe */
 size_t k3_checkpoint_tensor_count(const k3_checkpoint *ck);
 
 typedef struct k3_tensor_info {
-    const char *name;  /* owned by the checkpoint */
+    const char *name; /* owned by the checkpoint */
     k3_dtype dtype;
-    int rank;          /* 0..K3_MAX_RANK; 0 is a scalar holding one element */
+    int rank; /* 0..K3_MAX_RANK; 0 is a scalar holding one element */
     uint64_t shape[K3_MAX_RANK];
-    uint64_t numel;    /* product of shape (1 for a scalar) */
-    uint64_t nbytes;   /* bytes on disk: numel * bits / 8 */
-    size_t shard;      /* index into the shard list */
+    uint64_t numel;         /* product of shape (1 for a scalar) */
+    uint64_t nbytes;        /* bytes on disk: numel * bits / 8 */
+    size_t shard;           /* index into the shard list */
     const char *shard_name; /* the shard's file name, without directory */
 } k3_tensor_info;
 
@@ -124,7 +124,8 @@ int64_t k3_checkpoint_find(const k3_checkpoint *ck, const char *name);
 
 /* Shards in file-name order. A single-file checkpoint has one shard. */
 size_t k3_checkpoint_shard_count(const k3_checkpoint *ck);
-const char *k3_checkpoint_shard_name(const k3_checkpoint *ck, size_t shard); /* NULL if out of range */
+/* NULL if out of range */
+const char *k3_checkpoint_shard_name(const k3_checkpoint *ck, size_t shard);
 /* The directory (or, for a single file, the file's directory) the shards live in. */
 const char *k3_checkpoint_path(const k3_checkpoint *ck);
 /* 1 when the checkpoint came with model.safetensors.index.json, else 0. */

@@ -32,7 +32,8 @@ static inline double fx_normal(fx_rng *r) {
     return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
 }
 static inline void fx_fill_normal(fx_rng *r, float *x, size_t n, double sd) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(fx_normal(r) * sd);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(fx_normal(r) * sd);
 }
 
 /* ---- the bank ----------------------------------------------------------------------- */
@@ -45,12 +46,13 @@ typedef struct moe_fixture {
     uint8_t *scl[3];        /* block scales (NVFP4/MXFP4) */
     float *alpha, *beta;    /* [E] activation params */
     k3_expert *e;
-    k3_experts ex;          /* all E experts local */
+    k3_experts ex; /* all E experts local */
 } moe_fixture;
 
 static inline void fx_free(moe_fixture *f) {
     free(f->w1m), free(f->w3m), free(f->w2m), free(f->alpha), free(f->beta), free(f->e);
-    for (int i = 0; i < 3; i++) free(f->store[i]), free(f->scl[i]);
+    for (int i = 0; i < 3; i++)
+        free(f->store[i]), free(f->scl[i]);
     memset(f, 0, sizeof *f);
 }
 
@@ -69,7 +71,8 @@ static inline int fx_store(moe_fixture *f, int kind, int idx, const float *m, in
     }
     case K3_WFMT_BF16: {
         uint16_t *d = (uint16_t *)f->store[kind] + n * (size_t)idx;
-        for (size_t i = 0; i < n; i++) d[i] = k3_f32_to_bf16(m[i]);
+        for (size_t i = 0; i < n; i++)
+            d[i] = k3_f32_to_bf16(m[i]);
         out->data = d;
         return 0;
     }
@@ -77,18 +80,21 @@ static inline int fx_store(moe_fixture *f, int kind, int idx, const float *m, in
         uint8_t *d = (uint8_t *)f->store[kind] + n / 2 * (size_t)idx;
         uint8_t *s = f->scl[kind] + n / 16 * (size_t)idx;
         float ws2;
-        if (k3_nvfp4_quantize_weight(m, rows, cols, d, s, &ws2, &err)) return -1;
+        if (k3_nvfp4_quantize_weight(m, rows, cols, d, s, &ws2, &err))
+            return -1;
         out->data = d, out->scale = s, out->global_scale = ws2, out->input_scale = 1.0f;
         return 0;
     }
     case K3_WFMT_MXFP4: {
         uint8_t *d = (uint8_t *)f->store[kind] + n / 2 * (size_t)idx;
         uint8_t *s = f->scl[kind] + n / 32 * (size_t)idx;
-        if (k3_mxfp4_quantize(m, rows, cols, d, s, &err)) return -1;
+        if (k3_mxfp4_quantize(m, rows, cols, d, s, &err))
+            return -1;
         out->data = d, out->scale = s;
         return 0;
     }
-    default: return -1;
+    default:
+        return -1;
     }
 }
 
@@ -109,7 +115,8 @@ static inline int fx_build(moe_fixture *f, int E, int H, int I, k3_wfmt fmt, k3_
     }
     f->alpha = malloc((size_t)E * sizeof(float)), f->beta = malloc((size_t)E * sizeof(float));
     f->e = calloc((size_t)E, sizeof *f->e);
-    if (!f->w1m || !f->w3m || !f->w2m || !f->alpha || !f->beta || !f->e) return -1;
+    if (!f->w1m || !f->w3m || !f->w2m || !f->alpha || !f->beta || !f->e)
+        return -1;
     fx_fill_normal(&r, f->w1m, tot, 0.05);
     fx_fill_normal(&r, f->w3m, tot, 0.05);
     fx_fill_normal(&r, f->w2m, tot, 0.05);
@@ -121,10 +128,14 @@ static inline int fx_build(moe_fixture *f, int E, int H, int I, k3_wfmt fmt, k3_
             return -1;
     }
     bool params = act == K3_ACT_SITU || act == K3_ACT_SWIGLU_BIAS;
-    f->ex = (k3_experts){.n_experts = E, .first_local = 0, .n_local = E, .hidden = H, .inter = I,
-                         .e = f->e,
-                         .act = {.act = act, .alpha = params ? f->alpha : NULL,
-                                 .beta = params ? f->beta : NULL}};
+    f->ex = (k3_experts){
+        .n_experts = E,
+        .first_local = 0,
+        .n_local = E,
+        .hidden = H,
+        .inter = I,
+        .e = f->e,
+        .act = {.act = act, .alpha = params ? f->alpha : NULL, .beta = params ? f->beta : NULL}};
     return 0;
 }
 
@@ -141,7 +152,8 @@ static inline void fx_master_ref(const moe_fixture *f, k3_act act, float bg, flo
     double *h = malloc((size_t)I * sizeof *h);
     for (int t = 0; t < T; t++) {
         double *yt = y + (size_t)t * (size_t)H;
-        for (int c = 0; c < H; c++) yt[c] = 0;
+        for (int c = 0; c < H; c++)
+            yt[c] = 0;
         for (int j = 0; j < k; j++) {
             int e = ids[t * k + j];
             const float *a = (swap13 ? f->w3m : f->w1m) + n * (size_t)e;
@@ -157,7 +169,8 @@ static inline void fx_master_ref(const moe_fixture *f, k3_act act, float bg, flo
             }
             for (int c = 0; c < H; c++) {
                 double o = 0;
-                for (int i = 0; i < I; i++) o += (double)d[(size_t)c * I + i] * h[i];
+                for (int i = 0; i < I; i++)
+                    o += (double)d[(size_t)c * I + i] * h[i];
                 yt[c] += (double)w[t * k + j] * o;
             }
         }
@@ -167,13 +180,15 @@ static inline void fx_master_ref(const moe_fixture *f, k3_act act, float bg, flo
 
 static inline double fx_cosine(const double *a, const double *b, size_t n) {
     double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) ab += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        ab += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
     return ab / sqrt(aa * bb);
 }
 /* ||a - b|| / ||b|| */
 static inline double fx_rel_l2(const double *a, const double *b, size_t n) {
     double d = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) d += (a[i] - b[i]) * (a[i] - b[i]), bb += b[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        d += (a[i] - b[i]) * (a[i] - b[i]), bb += b[i] * b[i];
     return sqrt(d / bb);
 }
 
@@ -186,13 +201,15 @@ static inline void fx_route(fx_rng *r, int T, int E, int k, int32_t *ids, float 
             do {
                 id = (int)(fx_uniform(r) * E);
                 dup = 0;
-                for (int q = 0; q < j; q++) dup |= ids[t * k + q] == id;
+                for (int q = 0; q < j; q++)
+                    dup |= ids[t * k + q] == id;
             } while (dup);
             ids[t * k + j] = id;
             w[t * k + j] = (float)(0.1 + fx_uniform(r));
             s += w[t * k + j];
         }
-        for (int j = 0; j < k; j++) w[t * k + j] = (float)(w[t * k + j] / s);
+        for (int j = 0; j < k; j++)
+            w[t * k + j] = (float)(w[t * k + j] / s);
     }
 }
 

@@ -1,9 +1,12 @@
 /* Activations: closed forms, float vs double, the gated table, parameter validation. */
+/* cmocka needs these first, in this order */
+// clang-format off
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+// clang-format on
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +18,9 @@ static k3_act_params P(k3_act a, const float *al, const float *be, const float *
 }
 
 /* Written out independently of activation.c (different formula where one exists). */
-static double sig(double x) { return 0.5 * (1.0 + tanh(0.5 * x)); }
+static double sig(double x) {
+    return 0.5 * (1.0 + tanh(0.5 * x));
+}
 static double situ_closed(double g, double u, double bg, double bl) {
     /* beta*tanh(x/beta) = 2*beta*sigma(2x/beta) - beta */
     return (2 * bg * sig(2 * g / bg) - bg) * sig(g) * (2 * bl * sig(2 * u / bl) - bl);
@@ -39,7 +44,8 @@ static void test_closed_forms(void **state) {
     assert_true(k3_act_f64(&p, 0, -3.25, 7.0) == -3.25);
     srand(7);
     for (int i = 0; i < 2000; i++) {
-        double g = ((double)rand() / RAND_MAX - 0.5) * 80, u = ((double)rand() / RAND_MAX - 0.5) * 200;
+        double g = ((double)rand() / RAND_MAX - 0.5) * 80,
+               u = ((double)rand() / RAND_MAX - 0.5) * 200;
         p = P(K3_ACT_SWIGLU, NULL, NULL, NULL);
         assert_true(fabs(k3_act_f64(&p, 0, g, u) - g * sig(g) * u) <= 1e-12 * (1 + fabs(g * u)));
         p = P(K3_ACT_GEGLU, NULL, NULL, NULL);
@@ -87,23 +93,26 @@ static void test_f32_matches_f64(void **state) {
             double d = k3_act_f64(&p, 0, g, u);
             double f = k3_act_f32(&p, 0, g, u);
             double e = fabs(f - d) / (fabs(d) + 1e-3);
-            if (!(e <= worst)) worst = e;
+            if (!(e <= worst))
+                worst = e;
         }
         /* bound: a few float ulps of the largest term */
-        if (!(worst <= 2e-6)) fail_msg("%s: float vs double rel err %g > 2e-6", k3_act_name((k3_act)a), worst);
+        if (!(worst <= 2e-6))
+            fail_msg("%s: float vs double rel err %g > 2e-6", k3_act_name((k3_act)a), worst);
     }
     float g[5] = {-2, -1, 0, 1, 2}, u[5] = {3, 2, 1, 0, -1}, o[5];
     k3_act_params p = P(K3_ACT_SITU, al, be, NULL);
     k3_act_row_f32(&p, 0, g, u, o, 5);
-    for (int i = 0; i < 5; i++) assert_true(o[i] == k3_act_f32(&p, 0, g[i], u[i]));
+    for (int i = 0; i < 5; i++)
+        assert_true(o[i] == k3_act_f32(&p, 0, g[i], u[i]));
 }
 
 static void test_gated_table(void **state) {
     (void)state;
     /* The set moe.md §1.3 names, written here independently of activation.c. */
     for (int a = -1; a <= K3_ACT_COUNT; a++) {
-        bool want = a == K3_ACT_SWIGLU || a == K3_ACT_GEGLU || a == K3_ACT_SWIGLU_BIAS ||
-                    a == K3_ACT_SITU;
+        bool want =
+            a == K3_ACT_SWIGLU || a == K3_ACT_GEGLU || a == K3_ACT_SWIGLU_BIAS || a == K3_ACT_SITU;
         assert_int_equal(k3_act_is_gated((k3_act)a), want);
         if (a > 0 && a < K3_ACT_COUNT)
             assert_int_equal(k3_act_fc1_rows((k3_act)a, 3072), want ? 6144 : 3072);
@@ -122,9 +131,12 @@ static void test_gated_table(void **state) {
 static void expect_fail(const k3_act_params *p, int n, int status, const char *a, const char *b) {
     k3_error e = {0};
     int rc = k3_act_params_validate(p, n, &e);
-    if (rc != status) fail_msg("expected status %d, got %d (%s)", status, rc, e.msg);
-    if (a && !strstr(e.msg, a)) fail_msg("message '%s' does not name '%s'", e.msg, a);
-    if (b && !strstr(e.msg, b)) fail_msg("message '%s' does not name '%s'", e.msg, b);
+    if (rc != status)
+        fail_msg("expected status %d, got %d (%s)", status, rc, e.msg);
+    if (a && !strstr(e.msg, a))
+        fail_msg("message '%s' does not name '%s'", e.msg, a);
+    if (b && !strstr(e.msg, b))
+        fail_msg("message '%s' does not name '%s'", e.msg, b);
 }
 
 static void test_validation(void **state) {
@@ -148,16 +160,20 @@ static void test_validation(void **state) {
     /* SwigluBias: arrays required; limit optional, NaN rejected, +inf accepted. */
     p = P(K3_ACT_SWIGLU_BIAS, al, be, NULL);
     assert_int_equal(k3_act_params_validate(&p, 3, NULL), K3_OK);
-    expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, NULL, be, NULL}, 3, K3_ERR_MISSING, "alpha", NULL);
-    expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, al, NULL, li}, 3, K3_ERR_MISSING, "beta", NULL);
+    expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, NULL, be, NULL}, 3, K3_ERR_MISSING, "alpha",
+                NULL);
+    expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, al, NULL, li}, 3, K3_ERR_MISSING, "beta",
+                NULL);
     li[0] = INFINITY;
     p.limit = li;
     assert_int_equal(k3_act_params_validate(&p, 3, NULL), K3_OK);
     li[2] = NAN;
     expect_fail(&p, 3, K3_ERR_NUMERIC, "limit", "expert 2");
     /* Non-gated and plain gated activations need nothing; invalid values are rejected. */
-    assert_int_equal(k3_act_params_validate(&(k3_act_params){K3_ACT_SILU, 0, 0, 0}, 3, NULL), K3_OK);
-    assert_int_equal(k3_act_params_validate(&(k3_act_params){K3_ACT_SWIGLU, 0, 0, 0}, 3, NULL), K3_OK);
+    assert_int_equal(k3_act_params_validate(&(k3_act_params){K3_ACT_SILU, 0, 0, 0}, 3, NULL),
+                     K3_OK);
+    assert_int_equal(k3_act_params_validate(&(k3_act_params){K3_ACT_SWIGLU, 0, 0, 0}, 3, NULL),
+                     K3_OK);
     expect_fail(&(k3_act_params){K3_ACT_INVALID, 0, 0, 0}, 3, K3_ERR_ARG, "activation", NULL);
     expect_fail(&(k3_act_params){K3_ACT_COUNT, 0, 0, 0}, 3, K3_ERR_ARG, "activation", NULL);
     expect_fail(&(k3_act_params){K3_ACT_SILU, 0, 0, 0}, 0, K3_ERR_ARG, "n_local", NULL);
@@ -165,8 +181,8 @@ static void test_validation(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_closed_forms),     cmocka_unit_test(test_swiglu_bias_clamp),
-        cmocka_unit_test(test_f32_matches_f64),  cmocka_unit_test(test_gated_table),
+        cmocka_unit_test(test_closed_forms),    cmocka_unit_test(test_swiglu_bias_clamp),
+        cmocka_unit_test(test_f32_matches_f64), cmocka_unit_test(test_gated_table),
         cmocka_unit_test(test_validation),
     };
     return cmocka_run_group_tests_name("activation", tests, NULL, NULL);

@@ -1,10 +1,13 @@
 /* Routing against an independent implementation (sort-based, written here), plus ties,
  * NaN logits, all-equal scores and group-limited top-k. */
+/* cmocka needs these first, in this order */
+// clang-format off
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+// clang-format on
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +19,15 @@
 static const float *g_key;
 static int cmp_desc(const void *a, const void *b) {
     int i = *(const int *)a, j = *(const int *)b;
-    if (g_key[i] > g_key[j]) return -1;
-    if (g_key[i] < g_key[j]) return 1;
+    if (g_key[i] > g_key[j])
+        return -1;
+    if (g_key[i] < g_key[j])
+        return 1;
     return i - j;
 }
 static void sort_ids(const float *key, int *idx, int n) {
-    for (int i = 0; i < n; i++) idx[i] = i;
+    for (int i = 0; i < n; i++)
+        idx[i] = i;
     g_key = key;
     qsort(idx, (size_t)n, sizeof *idx, cmp_desc);
 }
@@ -33,15 +39,20 @@ static void oracle(const k3_router *r, const float *l, int32_t *ids, float *w) {
     if (r->fn == K3_ROUTE_NOAUX_TC || r->fn == K3_ROUTE_SIGMOID) {
         for (int e = 0; e < E; e++) {
             s[e] = (float)(1.0 / (1.0 + exp(-(double)l[e])));
-            sel[e] = s[e] + (r->fn == K3_ROUTE_NOAUX_TC && r->correction_bias ? r->correction_bias[e] : 0);
+            sel[e] = s[e] +
+                     (r->fn == K3_ROUTE_NOAUX_TC && r->correction_bias ? r->correction_bias[e] : 0);
         }
     } else if (r->fn == K3_ROUTE_SOFTMAX_TOPK) {
         double m = -INFINITY, z = 0;
-        for (int e = 0; e < E; e++) m = l[e] > m ? l[e] : m;
-        for (int e = 0; e < E; e++) z += exp(l[e] - m);
-        for (int e = 0; e < E; e++) sel[e] = s[e] = (float)(exp(l[e] - m) / z);
+        for (int e = 0; e < E; e++)
+            m = l[e] > m ? l[e] : m;
+        for (int e = 0; e < E; e++)
+            z += exp(l[e] - m);
+        for (int e = 0; e < E; e++)
+            sel[e] = s[e] = (float)(exp(l[e] - m) / z);
     } else {
-        for (int e = 0; e < E; e++) sel[e] = s[e] = l[e];
+        for (int e = 0; e < E; e++)
+            sel[e] = s[e] = l[e];
     }
     if (r->fn == K3_ROUTE_NOAUX_TC && r->n_group > 1) {
         int G = r->n_group, per = E / G;
@@ -53,7 +64,8 @@ static void oracle(const k3_router *r, const float *l, int32_t *ids, float *w) {
         }
         sort_ids(gs, gi, G);
         for (int j = r->topk_group; j < G; j++)
-            for (int e = 0; e < per; e++) sel[gi[j] * per + e] = -INFINITY;
+            for (int e = 0; e < per; e++)
+                sel[gi[j] * per + e] = -INFINITY;
         free(gs), free(gi), free(in);
     }
     sort_ids(sel, idx, E);
@@ -65,21 +77,32 @@ static void oracle(const k3_router *r, const float *l, int32_t *ids, float *w) {
     }
     if (r->fn == K3_ROUTE_RENORMALIZE) {
         double z = 0;
-        for (int j = 0; j < K; j++) z += exp((double)s[idx[j]] - s[idx[0]]);
-        for (int j = 0; j < K; j++) w[j] = (float)(exp((double)s[idx[j]] - s[idx[0]]) / z);
+        for (int j = 0; j < K; j++)
+            z += exp((double)s[idx[j]] - s[idx[0]]);
+        for (int j = 0; j < K; j++)
+            w[j] = (float)(exp((double)s[idx[j]] - s[idx[0]]) / z);
     } else if (r->renormalize) {
-        for (int j = 0; j < K; j++) w[j] = (float)(w[j] / (sum + (r->fn == K3_ROUTE_SOFTMAX_TOPK ? 0 : 1e-20)));
+        for (int j = 0; j < K; j++)
+            w[j] = (float)(w[j] / (sum + (r->fn == K3_ROUTE_SOFTMAX_TOPK ? 0 : 1e-20)));
     }
-    for (int j = 0; j < K; j++) w[j] *= r->routed_scaling_factor;
+    for (int j = 0; j < K; j++)
+        w[j] *= r->routed_scaling_factor;
     free(s), free(sel), free(idx);
 }
 
-static float frand(void) { return (float)rand() / (float)RAND_MAX * 2 - 1; }
+static float frand(void) {
+    return (float)rand() / (float)RAND_MAX * 2 - 1;
+}
 
 static k3_router R(k3_route_fn fn, int E, int K, int G, int TG, bool renorm, float scale,
                    const float *bias) {
-    return (k3_router){.fn = fn, .n_experts = E, .top_k = K, .n_group = G, .topk_group = TG,
-                       .renormalize = renorm, .routed_scaling_factor = scale,
+    return (k3_router){.fn = fn,
+                       .n_experts = E,
+                       .top_k = K,
+                       .n_group = G,
+                       .topk_group = TG,
+                       .renormalize = renorm,
+                       .routed_scaling_factor = scale,
                        .correction_bias = bias};
 }
 
@@ -89,12 +112,14 @@ static void check_against_oracle(const k3_router *r, const float *l, int T) {
     float *w = malloc((size_t)(T * K) * sizeof *w), ow[64];
     k3_error e = {0};
     int rc = k3_route_logits(r, l, T, ids, w, &e);
-    if (rc) fail_msg("route failed: %s", e.msg);
+    if (rc)
+        fail_msg("route failed: %s", e.msg);
     for (int t = 0; t < T; t++) {
         oracle(r, l + (int64_t)t * r->n_experts, oid, ow);
         for (int j = 0; j < K; j++) {
             if (ids[t * K + j] != oid[j])
-                fail_msg("fn %d token %d slot %d: id %d, oracle %d", r->fn, t, j, ids[t * K + j], oid[j]);
+                fail_msg("fn %d token %d slot %d: id %d, oracle %d", r->fn, t, j, ids[t * K + j],
+                         oid[j]);
             double err = fabs((double)w[t * K + j] - ow[j]);
             /* bound: fp32 arithmetic in both, a few ulps of the weight */
             if (!(err <= 4e-7 * fabs(ow[j]) + 1e-30))
@@ -110,8 +135,10 @@ static void test_random_vs_oracle(void **state) {
     srand(1234);
     enum { T = 40, E = 64 };
     float l[T * E], bias[E];
-    for (int i = 0; i < T * E; i++) l[i] = frand() * 4;
-    for (int e = 0; e < E; e++) bias[e] = frand() * 0.1f;
+    for (int i = 0; i < T * E; i++)
+        l[i] = frand() * 4;
+    for (int e = 0; e < E; e++)
+        bias[e] = frand() * 0.1f;
     k3_router rs[] = {
         R(K3_ROUTE_NOAUX_TC, E, 8, 1, 1, true, 1.0f, bias),
         R(K3_ROUTE_NOAUX_TC, E, 6, 8, 3, true, 2.5f, bias),
@@ -122,7 +149,8 @@ static void test_random_vs_oracle(void **state) {
         R(K3_ROUTE_SIGMOID, E, 8, 1, 1, true, 1.0f, NULL),
         R(K3_ROUTE_SIGMOID, E, 8, 1, 1, false, 2.446f, NULL),
     };
-    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) check_against_oracle(&rs[i], l, T);
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
+        check_against_oracle(&rs[i], l, T);
 }
 
 static void test_noaux_properties(void **state) {
@@ -149,7 +177,8 @@ static void test_ties_and_all_equal(void **state) {
     (void)state;
     enum { E = 16 };
     float l[E];
-    for (int e = 0; e < E; e++) l[e] = 0.25f;
+    for (int e = 0; e < E; e++)
+        l[e] = 0.25f;
     for (int fn = 0; fn < K3_ROUTE_COUNT; fn++) {
         k3_router r = R((k3_route_fn)fn, E, 5, 1, 1, true, 1.0f, NULL);
         int32_t ids[5];
@@ -161,7 +190,8 @@ static void test_ties_and_all_equal(void **state) {
         }
     }
     /* Partial ties: experts 9 and 4 tie for first, 12, 2 and 7 tie for third. */
-    for (int e = 0; e < E; e++) l[e] = -1.0f;
+    for (int e = 0; e < E; e++)
+        l[e] = -1.0f;
     l[9] = l[4] = 3.0f;
     l[12] = l[2] = l[7] = 2.0f;
     k3_router r = R(K3_ROUTE_SIGMOID, E, 4, 1, 1, false, 1.0f, NULL);
@@ -175,7 +205,8 @@ static void test_ties_and_all_equal(void **state) {
     check_against_oracle(&r, l, 1);
     /* Ties created by the correction bias (selection scores equal, raw scores differ). */
     float bias[E] = {0};
-    for (int e = 0; e < E; e++) l[e] = 0;
+    for (int e = 0; e < E; e++)
+        l[e] = 0;
     l[5] = 1.0f;
     bias[5] = -((float)(1 / (1 + exp(-1.0))) - 0.5f); /* sel[5] == sel[others] ~ 0.5 */
     r = R(K3_ROUTE_NOAUX_TC, E, 3, 1, 1, true, 1.0f, bias);
@@ -188,7 +219,8 @@ static void test_group_limited(void **state) {
      * good experts. With topk_group = 1 only group 2 survives (sum of top-2), so expert 0 is not
      * picked even though it has the highest score. */
     float l[16];
-    for (int e = 0; e < 16; e++) l[e] = -4.0f;
+    for (int e = 0; e < 16; e++)
+        l[e] = -4.0f;
     l[0] = 4.0f;
     l[8] = 2.0f, l[9] = 1.5f, l[10] = 1.0f;
     k3_router r = R(K3_ROUTE_NOAUX_TC, 16, 2, 4, 1, true, 1.0f, NULL);
@@ -211,10 +243,12 @@ static void test_nan_logits(void **state) {
     (void)state;
     enum { T = 3, E = 8 };
     float l[T * E];
-    for (int i = 0; i < T * E; i++) l[i] = (float)i * 0.1f;
+    for (int i = 0; i < T * E; i++)
+        l[i] = (float)i * 0.1f;
     int32_t ids[T * 2];
     float w[T * 2];
-    for (int i = 0; i < T * 2; i++) ids[i] = -7, w[i] = -7;
+    for (int i = 0; i < T * 2; i++)
+        ids[i] = -7, w[i] = -7;
     l[1 * E + 5] = NAN;
     for (int fn = 0; fn < K3_ROUTE_COUNT; fn++) {
         k3_router r = R((k3_route_fn)fn, E, 2, 1, 1, true, 1.0f, NULL);
@@ -234,7 +268,10 @@ static void test_nan_logits(void **state) {
 static void test_validate(void **state) {
     (void)state;
     float bias[8] = {0};
-    struct { k3_router r; const char *word; } bad[] = {
+    struct {
+        k3_router r;
+        const char *word;
+    } bad[] = {
         {R(K3_ROUTE_NOAUX_TC, 8, 0, 1, 1, true, 1, NULL), "top_k"},
         {R(K3_ROUTE_NOAUX_TC, 8, 9, 1, 1, true, 1, NULL), "top_k"},
         {R(K3_ROUTE_NOAUX_TC, 8, 2, 3, 1, true, 1, NULL), "n_group"},
@@ -249,7 +286,8 @@ static void test_validate(void **state) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         k3_error e = {0};
         assert_int_not_equal(k3_router_validate(&bad[i].r, &e), K3_OK);
-        if (!strstr(e.msg, bad[i].word)) fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, bad[i].word);
+        if (!strstr(e.msg, bad[i].word))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, bad[i].word);
     }
 }
 
@@ -259,7 +297,8 @@ static void test_router_gemm(void **state) {
     float x[T * W], g[E * W], l[T * E];
     uint16_t gb[E * W];
     srand(99);
-    for (int i = 0; i < T * W; i++) x[i] = frand();
+    for (int i = 0; i < T * W; i++)
+        x[i] = frand();
     for (int i = 0; i < E * W; i++) {
         g[i] = frand() * 0.3f;
         uint32_t b;
@@ -268,9 +307,13 @@ static void test_router_gemm(void **state) {
     }
     k3_router r = R(K3_ROUTE_NOAUX_TC, E, 3, 1, 1, true, 1.0f, NULL);
     for (int f = 0; f < 2; f++) {
-        r.gate = (k3_qmat){.fmt = f ? K3_WFMT_BF16 : K3_WFMT_F32, .rows = E, .cols = W,
-                           .data = f ? (const void *)gb : (const void *)g, .global_scale = 1};
-        for (int i = 0; i < T * E; i++) l[i] = NAN; /* poison */
+        r.gate = (k3_qmat){.fmt = f ? K3_WFMT_BF16 : K3_WFMT_F32,
+                           .rows = E,
+                           .cols = W,
+                           .data = f ? (const void *)gb : (const void *)g,
+                           .global_scale = 1};
+        for (int i = 0; i < T * E; i++)
+            l[i] = NAN; /* poison */
         assert_int_equal(k3_router_logits(&r, x, T, l, NULL), K3_OK);
         for (int t = 0; t < T; t++)
             for (int e = 0; e < E; e++) {
@@ -300,9 +343,9 @@ static void test_router_gemm(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_random_vs_oracle), cmocka_unit_test(test_noaux_properties),
+        cmocka_unit_test(test_random_vs_oracle),   cmocka_unit_test(test_noaux_properties),
         cmocka_unit_test(test_ties_and_all_equal), cmocka_unit_test(test_group_limited),
-        cmocka_unit_test(test_nan_logits),       cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_nan_logits),         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_router_gemm),
     };
     return cmocka_run_group_tests_name("routing", tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka needs the four headers above first */
 #include <cmocka.h>
 
 #include "io/checkpoint.h"
@@ -46,7 +47,8 @@ static char *tpath(const char *name) {
 }
 
 static void put_le64(uint8_t *b, uint64_t v) {
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
 }
 
 /* 8-byte length n, then hlen header bytes, then dlen bytes of data (0, 1, 2, ...). */
@@ -56,7 +58,8 @@ static uint8_t *build(uint64_t n, const char *hdr, size_t hlen, size_t dlen, siz
     assert_non_null(b);
     put_le64(b, n);
     memcpy(b + 8, hdr, hlen);
-    for (size_t i = 0; i < dlen; i++) b[8 + hlen + i] = (uint8_t)i;
+    for (size_t i = 0; i < dlen; i++)
+        b[8 + hlen + i] = (uint8_t)i;
     return b;
 }
 
@@ -70,8 +73,10 @@ static void write_bytes(const char *path, const void *b, size_t len) {
 static const char *cur_case = ""; /* names the table case in failure messages */
 
 static void expect_msg(const k3_error *e, const char *m1, const char *m2) {
-    if (m1 && !strstr(e->msg, m1)) fail_msg("%s: message \"%s\" lacks \"%s\"", cur_case, e->msg, m1);
-    if (m2 && !strstr(e->msg, m2)) fail_msg("%s: message \"%s\" lacks \"%s\"", cur_case, e->msg, m2);
+    if (m1 && !strstr(e->msg, m1))
+        fail_msg("%s: message \"%s\" lacks \"%s\"", cur_case, e->msg, m1);
+    if (m2 && !strstr(e->msg, m2))
+        fail_msg("%s: message \"%s\" lacks \"%s\"", cur_case, e->msg, m2);
 }
 
 /* The same bytes through memory and through a file: same status, named messages. */
@@ -80,7 +85,8 @@ static void expect_bytes(const uint8_t *b, size_t len, int status, const char *m
     k3_st_file *f = (k3_st_file *)1;
     int rc = k3_st_parse(&f, b, len, "x.safetensors", &e);
     if (rc != status)
-        fail_msg("%s: status %d (%s), expected %d; message: %s", cur_case, rc, k3_status_str(rc), status, e.msg);
+        fail_msg("%s: status %d (%s), expected %d; message: %s", cur_case, rc, k3_status_str(rc),
+                 status, e.msg);
     if (status == K3_OK) {
         k3_st_close(f);
     } else {
@@ -93,12 +99,16 @@ static void expect_bytes(const uint8_t *b, size_t len, int status, const char *m
     write_bytes(p, b, len);
     k3_error e2 = {0};
     rc = k3_st_open(&f, p, &e2);
-    if (rc != status) fail_msg("%s: open: status %d, expected %d; message: %s", cur_case, rc, status, e2.msg);
-    if (status == K3_OK) k3_st_close(f);
-    else expect_msg(&e2, p, m1), expect_msg(&e2, m2, NULL);
+    if (rc != status)
+        fail_msg("%s: open: status %d, expected %d; message: %s", cur_case, rc, status, e2.msg);
+    if (status == K3_OK)
+        k3_st_close(f);
+    else
+        expect_msg(&e2, p, m1), expect_msg(&e2, m2, NULL);
 }
 
-static void expect_header(const char *hdr, size_t dlen, int status, const char *m1, const char *m2) {
+static void expect_header(const char *hdr, size_t dlen, int status, const char *m1,
+                          const char *m2) {
     size_t len;
     uint8_t *b = build(strlen(hdr), hdr, strlen(hdr), dlen, &len);
     expect_bytes(b, len, status, m1, m2);
@@ -120,7 +130,8 @@ static void test_prefix_rules(void **state) {
     expect_bytes(b, len, K3_ERR_LIMIT, "18446744073709551615", NULL);
     free(b);
     b = build(100, "{}", 2, 10, &len);
-    expect_bytes(b, len, K3_ERR_FORMAT, "header length 100 runs past the end of the 20-byte file", NULL);
+    expect_bytes(b, len, K3_ERR_FORMAT, "header length 100 runs past the end of the 20-byte file",
+                 NULL);
     free(b);
     b = build(2, "{}", 2, 0, &len); /* the smallest valid file */
     expect_bytes(b, len, K3_OK, NULL, NULL);
@@ -143,67 +154,85 @@ static const hcase header_cases[] = {
     {"{\"a\":", 0, K3_ERR_FORMAT, "invalid JSON", NULL},
     {"{} x", 0, K3_ERR_FORMAT, "trailing bytes after the JSON", NULL},
     {"{}\x01", 0, K3_ERR_FORMAT, "trailing bytes after the JSON", NULL},
-    {"{\"a\":\x01{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT, "byte 0x01", NULL},
+    {"{\"a\":\x01{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     "byte 0x01", NULL},
     {"\x0b{}", 0, K3_ERR_FORMAT, "byte 0x0b", NULL},
-    {"{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT, "control byte 0x09", NULL},
-    {"{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT, "\\u0000", NULL},
+    {"{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     "control byte 0x09", NULL},
+    {"{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     "\\u0000", NULL},
     {"[]", 0, K3_ERR_FORMAT, "not a JSON object", NULL},
+    /* a lone UTF-16 surrogate escape: cJSON refuses it, or the name fails the UTF-8 check */
+    {"{\"a\\ud800\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     NULL, NULL},
+    {"{\"a\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
+     "tensor \"a\"", "shape[0] must be a non-negative integer <= 2^53, found a boolean"},
     {"{\"__metadata__\":{\"k\":1}}", 0, K3_ERR_FORMAT, "__metadata__ \"k\"", "must be a string"},
     {"{\"__metadata__\":{\"k\":null}}", 0, K3_ERR_FORMAT, "__metadata__ \"k\"", "must be a string"},
     {"{\"__metadata__\":[\"k\"]}", 0, K3_ERR_FORMAT, "__metadata__ must be an object", NULL},
-    {"{" T("a.weight", "\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]") "}", 4, K3_ERR_DTYPE,
-     "tensor \"a.weight\"", "unknown dtype \"F17\""},
-    {"{" T("a.weight", "\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]") "}", 4, K3_ERR_DTYPE,
-     "tensor \"a.weight\"", "unknown dtype \"f32\""},
+    {"{" T("a.weight", "\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_DTYPE, "tensor \"a.weight\"", "unknown dtype \"F17\""},
+    {"{" T("a.weight", "\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_DTYPE, "tensor \"a.weight\"", "unknown dtype \"f32\""},
     {"{" T("a.weight", "\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
      "tensor \"a.weight\"", "dtype must be a string"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "shape[0] must be a non-negative integer"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1,2.5],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "shape[1] must be a non-negative integer <= 2^53, found 2.5"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "shape[0]"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "shape[0] must be a non-negative integer <= 2^53, found a string"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "number \"1.0\"", "not a plain non-negative integer"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4e0]") "}", 4, K3_ERR_FORMAT,
-     "number \"4e0\"", NULL},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "number \"01\"", NULL},
-    {"{" T("a.weight", "\"dtype\":\"U8\",\"shape\":[9007199254740993,0],\"data_offsets\":[0,0]") "}", 0,
-     K3_ERR_FORMAT, "number \"9007199254740993\"", NULL},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":{},\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "shape must be an array"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "data_offsets[0]"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.5]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "data_offsets[1]"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,18446744073709551616]") "}", 4,
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "shape[0] must be a non-negative integer"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1,2.5],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"",
+     "shape[1] must be a non-negative integer <= 2^53, found 2.5"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "shape[0]"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"",
+     "shape[0] must be a non-negative integer <= 2^53, found a string"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "number \"1.0\"", "not a plain non-negative integer"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4e0]") "}", 4,
+     K3_ERR_FORMAT, "number \"4e0\"", NULL},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "number \"01\"", NULL},
+    {"{" T("a.weight",
+           "\"dtype\":\"U8\",\"shape\":[9007199254740993,0],\"data_offsets\":[0,0]") "}",
+     0, K3_ERR_FORMAT, "number \"9007199254740993\"", NULL},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":{},\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "shape must be an array"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "data_offsets[0]"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.5]") "}", 4,
      K3_ERR_FORMAT, "tensor \"a.weight\"", "data_offsets[1]"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "data_offsets has 3 or more entries"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "data_offsets has 1 entries, not 2"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]") "}", 4,
-     K3_ERR_LIMIT, "tensor \"a.weight\"", "shape has 9 or more entries, at most 8"},
-    {"{" T("a.weight", "\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,2],\"data_offsets\":[0,4]") "}", 4,
-     K3_ERR_LIMIT, "tensor \"a.weight\"", "element count overflows"},
-    {"{" T("a.weight", "\"dtype\":\"F64\",\"shape\":[1125899906842624,1024],\"data_offsets\":[0,4]") "}", 4,
-     K3_ERR_LIMIT, "tensor \"a.weight\"", "bit count overflows"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]") "}", 8, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "data_offsets [8, 4]: END before BEGIN"},
-    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,10]") "}", 10, K3_ERR_FORMAT,
-     "tensor \"a.weight\": data_offsets [0, 10] but F32 [3] needs 12 bytes", NULL},
-    {"{" T("a.weight", "\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,1]") "}", 1, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "F4 is 12 bits, not a whole number of bytes"},
-    {"{" T("a.weight", "\"dtype\":\"F6_E2M3\",\"shape\":[2,3],\"data_offsets\":[0,4]") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a.weight\"", "36 bits"},
-    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "," T("b", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]") "}",
+    {"{" T("a.weight",
+           "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,18446744073709551616]") "}",
+     4, K3_ERR_FORMAT, "tensor \"a.weight\"", "data_offsets[1]"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "data_offsets has 3 or more entries"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "data_offsets has 1 entries, not 2"},
+    {"{" T("a.weight",
+           "\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]") "}",
+     4, K3_ERR_LIMIT, "tensor \"a.weight\"", "shape has 9 or more entries, at most 8"},
+    {"{" T("a.weight",
+           "\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,2],\"data_offsets\":[0,4]") "}",
+     4, K3_ERR_LIMIT, "tensor \"a.weight\"", "element count overflows"},
+    {"{" T("a.weight",
+           "\"dtype\":\"F64\",\"shape\":[1125899906842624,1024],\"data_offsets\":[0,4]") "}",
+     4, K3_ERR_LIMIT, "tensor \"a.weight\"", "bit count overflows"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]") "}", 8,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "data_offsets [8, 4]: END before BEGIN"},
+    {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,10]") "}", 10,
+     K3_ERR_FORMAT, "tensor \"a.weight\": data_offsets [0, 10] but F32 [3] needs 12 bytes", NULL},
+    {"{" T("a.weight", "\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,1]") "}", 1,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "F4 is 12 bits, not a whole number of bytes"},
+    {"{" T("a.weight", "\"dtype\":\"F6_E2M3\",\"shape\":[2,3],\"data_offsets\":[0,4]") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a.weight\"", "36 bits"},
+    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "," T(
+         "b", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]") "}",
      12, K3_ERR_FORMAT, "tensor \"b\"", "gap: bytes [4, 8)"},
-    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]") "," T("b", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]") "}",
+    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]") "," T(
+         "b", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]") "}",
      12, K3_ERR_FORMAT, "tensor \"b\"", "overlap tensor \"a\", which ends at 8"},
-    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "," T("b", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "}",
+    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "," T(
+         "b", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "}",
      4, K3_ERR_FORMAT, "tensor \"b\"", "overlap tensor \"a\""},
     {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "}", 8, K3_ERR_FORMAT,
      "4 trailing bytes", NULL},
@@ -211,16 +240,18 @@ static const hcase header_cases[] = {
      "tensor \"a\"", "gap: bytes [0, 4)"},
     {"{" T("a", "\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]") "}", 8, K3_ERR_FORMAT,
      "tensor \"a\"", "run past the data buffer of 8 bytes"},
-    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "," T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]") "}",
+    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "," T(
+         "a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]") "}",
      8, K3_ERR_DUPLICATE, "duplicate JSON key \"a\"", NULL},
     {"{" T("a", "\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_DUPLICATE, "\"dtype\"", NULL},
-    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"foo\":1") "}", 4, K3_ERR_FORMAT,
-     "tensor \"a\"", "unknown field \"foo\""},
+    {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"foo\":1") "}", 4,
+     K3_ERR_FORMAT, "tensor \"a\"", "unknown field \"foo\""},
     {"{" T("a", "\"dtype\":\"F32\",\"shape\":[1]") "}", 4, K3_ERR_FORMAT, "tensor \"a\"",
      "missing field \"data_offsets\""},
     {"{\"a\":[1]}", 0, K3_ERR_FORMAT, "tensor \"a\"", "must be a JSON object"},
-    {"{" T("", "\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]") "}", 1, K3_ERR_FORMAT, "empty name", NULL},
+    {"{" T("", "\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]") "}", 1, K3_ERR_FORMAT,
+     "empty name", NULL},
 };
 #undef T
 
@@ -238,7 +269,8 @@ static void test_name_too_long(void **state) {
     char *h = malloc(K3_ST_MAX_NAME + 200);
     int k = sprintf(h, "{\"");
     memset(h + k, 'n', K3_ST_MAX_NAME + 1);
-    sprintf(h + k + K3_ST_MAX_NAME + 1, "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}");
+    sprintf(h + k + K3_ST_MAX_NAME + 1,
+            "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}");
     expect_header(h, 1, K3_ERR_LIMIT, "name of 1025 bytes exceeds 1024", "nnnn");
     free(h);
 }
@@ -282,11 +314,12 @@ static void test_valid_headers(void **state) {
 
 static void test_dtype_table(void **state) {
     (void)state;
-    static const char *names[] = {"BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",
-                                  "F8_E5M2", "F8_E4M3",     "F8_E8M0",     "F8_E4M3FNUZ", "F8_E5M2FNUZ",
-                                  "I16",     "U16",         "F16",         "BF16",    "I32", "U32",
-                                  "F32",     "C64",         "F64",         "I64",     "U64"};
-    static const unsigned bits[] = {8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
+    static const char *names[] = {
+        "BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+        "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
+        "U32",     "F32",         "C64",         "F64",     "I64", "U64"};
+    static const unsigned bits[] = {8,  4,  6,  6,  8,  8,  8,  8,  8,  8,  8,
+                                    16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
     assert_int_equal(sizeof names / sizeof names[0], K3_DTYPE_COUNT - 1);
     for (int d = 1; d < K3_DTYPE_COUNT; d++) {
         assert_string_equal(k3_dtype_name((k3_dtype)d), names[d - 1]);
@@ -327,13 +360,15 @@ static void make_tensors(wcase *c) {
         t->shape[1] = 4 * (1 + rnd8() % 3); /* a multiple of 4 keeps F4/F6 whole bytes */
         c->n++;
     }
-    c->t[c->n++] = (k3_st_wtensor){.name = strdup("empty"), .dtype = K3_DTYPE_BF16, .rank = 2, .shape = {3, 0}};
+    c->t[c->n++] = (k3_st_wtensor){
+        .name = strdup("empty"), .dtype = K3_DTYPE_BF16, .rank = 2, .shape = {3, 0}};
     c->t[c->n++] = (k3_st_wtensor){.name = strdup("scalar"), .dtype = K3_DTYPE_F32, .rank = 0};
     for (size_t i = 0; i < c->n; i++) {
         uint64_t nb;
         assert_true(k3_st_tensor_bytes(c->t[i].dtype, c->t[i].rank, c->t[i].shape, NULL, &nb));
         uint8_t *p = malloc(nb + 1);
-        for (uint64_t k = 0; k < nb; k++) p[k] = rnd8();
+        for (uint64_t k = 0; k < nb; k++)
+            p[k] = rnd8();
         c->t[i].data = p;
     }
 }
@@ -351,7 +386,8 @@ static void check_tensor_bytes(k3_st_file *f, const k3_st_wtensor *w) {
     assert_non_null(t);
     assert_int_equal(t->dtype, w->dtype);
     assert_int_equal(t->rank, w->rank);
-    for (int d = 0; d < w->rank; d++) assert_int_equal(t->shape[d], w->shape[d]);
+    for (int d = 0; d < w->rank; d++)
+        assert_int_equal(t->shape[d], w->shape[d]);
     size_t nb = (size_t)k3_st_nbytes(t);
     uint8_t *buf = malloc(nb + 1);
     assert_int_equal(k3_st_read(f, t, buf, nb, K3_ST_READ_DONTNEED, &e), K3_OK);
@@ -371,7 +407,8 @@ static void test_round_trip(void **state) {
     (void)state;
     wcase c;
     make_tensors(&c);
-    const char *meta[][2] = {{"format", "pt"}, {"note", "quote \" backslash \\ tab \t nl \n \x01 \xc3\xa9"}};
+    const char *meta[][2] = {{"format", "pt"},
+                             {"note", "quote \" backslash \\ tab \t nl \n \x01 \xc3\xa9"}};
     const char *p = tpath("rt.safetensors");
     k3_error e = {0};
     assert_int_equal(k3_st_write_file(p, c.t, c.n, meta, 2, &e), K3_OK);
@@ -380,11 +417,13 @@ static void test_round_trip(void **state) {
     assert_int_equal(k3_st_count(f), c.n);
     assert_int_equal(k3_st_data_start(f) % 8, 0); /* header padded to a multiple of 8 */
     assert_string_equal(k3_st_metadata_get(f, "note"), meta[1][1]);
-    for (size_t i = 0; i < c.n; i++) check_tensor_bytes(f, &c.t[i]);
+    for (size_t i = 0; i < c.n; i++)
+        check_tensor_bytes(f, &c.t[i]);
     /* layout: dtype order descending, then name */
     for (size_t i = 1; i < k3_st_count(f); i++) {
         const k3_st_tensor *a = k3_st_at(f, i - 1), *b = k3_st_at(f, i);
-        if (a->end == a->begin || b->end == b->begin) continue; /* empties tie on offsets */
+        if (a->end == a->begin || b->end == b->begin)
+            continue; /* empties tie on offsets */
         assert_true(a->dtype > b->dtype || (a->dtype == b->dtype && strcmp(a->name, b->name) < 0));
     }
     k3_st_close(f);
@@ -402,7 +441,8 @@ static void test_writer_errors(void **state) {
     assert_int_equal(k3_st_writer_declare(w, "a", K3_DTYPE_F32, 2, shape, &e), K3_OK);
     assert_int_equal(k3_st_writer_declare(w, "a", K3_DTYPE_F32, 2, shape, &e), K3_ERR_DUPLICATE);
     assert_int_equal(k3_st_writer_declare(w, "", K3_DTYPE_F32, 2, shape, &e), K3_ERR_ARG);
-    assert_int_equal(k3_st_writer_declare(w, "__metadata__", K3_DTYPE_F32, 2, shape, &e), K3_ERR_ARG);
+    assert_int_equal(k3_st_writer_declare(w, "__metadata__", K3_DTYPE_F32, 2, shape, &e),
+                     K3_ERR_ARG);
     assert_int_equal(k3_st_writer_declare(w, "x", K3_DTYPE_INVALID, 2, shape, &e), K3_ERR_DTYPE);
     assert_int_equal(k3_st_writer_declare(w, "x", K3_DTYPE_F32, 9, shape, &e), K3_ERR_LIMIT);
     uint64_t odd[1] = {3};
@@ -433,9 +473,11 @@ static void test_views_and_reads(void **state) {
     /* a header of 8m+5 bytes puts the data at an absolute offset of 8m+13: the F32 at +4 is
      * misaligned, the U8 at +0 is fine for its 1-byte elements */
     char h[160];
-    int k = snprintf(h, sizeof h, "{\"u\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
-                                  "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}");
-    while (k % 8 != 5) h[k++] = ' ';
+    int k = snprintf(h, sizeof h,
+                     "{\"u\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                     "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}");
+    while (k % 8 != 5)
+        h[k++] = ' ';
     h[k] = '\0';
     size_t len, ds = 8 + (size_t)k;
     uint8_t *b = build((uint64_t)k, h, (size_t)k, 12, &len);
@@ -492,7 +534,8 @@ static void put_file(const char *dir, const char *name, const char *text) {
 static void put_shard(const char *dir, const char *name, const char *const *tensors, size_t n) {
     k3_st_wtensor t[8];
     float one = 1.0f;
-    for (size_t i = 0; i < n; i++) t[i] = (k3_st_wtensor){.name = tensors[i], .dtype = K3_DTYPE_F32, .data = &one};
+    for (size_t i = 0; i < n; i++)
+        t[i] = (k3_st_wtensor){.name = tensors[i], .dtype = K3_DTYPE_F32, .data = &one};
     char p[600];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     k3_error e = {0};
@@ -503,7 +546,8 @@ static void expect_ck(const char *path, int status, const char *m1, const char *
     k3_checkpoint *ck = (k3_checkpoint *)1;
     k3_error e = {0};
     int rc = k3_checkpoint_open(&ck, path, &e);
-    if (rc != status) fail_msg("%s: status %d, expected %d; message: %s", cur_case, rc, status, e.msg);
+    if (rc != status)
+        fail_msg("%s: status %d, expected %d; message: %s", cur_case, rc, status, e.msg);
     if (rc) {
         assert_null(ck);
         expect_msg(&e, m1, m2);
@@ -523,25 +567,29 @@ static void test_index_rules(void **state) {
         int status;
         const char *m1, *m2;
     } cases[] = {
-        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\""), K3_OK, NULL, NULL},
-        {IDX("\"a\":\"s1.safetensors\",\"b\":\"sub/s1.safetensors\",\"c\":\"s2.safetensors\""), K3_ERR_FORMAT,
-         "weight_map[\"b\"]", "contains a path separator"},
-        {IDX("\"a\":\"s1.safetensors\",\"b\":\"..\",\"c\":\"s2.safetensors\""), K3_ERR_FORMAT, "weight_map[\"b\"]",
-         "is not a file name"},
-        {IDX("\"a\":\"/etc/passwd\",\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\""), K3_ERR_FORMAT,
-         "weight_map[\"a\"]", "absolute path"},
-        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\",\"c\":\"s3.safetensors\""), K3_ERR_IO,
-         "s3.safetensors", "No such file"},
-        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\",\"c\":\"s2.safetensors\""), K3_ERR_FORMAT,
-         "tensor \"b\"", "mapped to shard s2.safetensors but found in shard s1.safetensors"},
+        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\""), K3_OK,
+         NULL, NULL},
+        {IDX("\"a\":\"s1.safetensors\",\"b\":\"sub/s1.safetensors\",\"c\":\"s2.safetensors\""),
+         K3_ERR_FORMAT, "weight_map[\"b\"]", "contains a path separator"},
+        {IDX("\"a\":\"s1.safetensors\",\"b\":\"..\",\"c\":\"s2.safetensors\""), K3_ERR_FORMAT,
+         "weight_map[\"b\"]", "is not a file name"},
+        {IDX("\"a\":\"/etc/passwd\",\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\""),
+         K3_ERR_FORMAT, "weight_map[\"a\"]", "absolute path"},
+        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\",\"c\":\"s3.safetensors\""),
+         K3_ERR_IO, "s3.safetensors", "No such file"},
+        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\",\"c\":\"s2.safetensors\""),
+         K3_ERR_FORMAT, "tensor \"b\"",
+         "mapped to shard s2.safetensors but found in shard s1.safetensors"},
         {IDX("\"a\":\"s1.safetensors\",\"c\":\"s2.safetensors\""), K3_ERR_FORMAT, "tensor \"b\"",
          "not in the weight_map"},
-        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\",\"d\":\"s2.safetensors\""),
+        {IDX("\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\",\"c\":\"s2.safetensors\",\"d\":"
+             "\"s2.safetensors\""),
          K3_ERR_MISSING, "tensor \"d\"", "does not hold it"},
         {IDX("\"a\":\"s1.safetensors\",\"a\":\"s1.safetensors\""), K3_ERR_DUPLICATE, "\"a\"", NULL},
         {IDX("\"a\":1"), K3_ERR_FORMAT, "weight_map[\"a\"] must be a string", NULL},
         {"{\"metadata\":{}}", K3_ERR_MISSING, "no \"weight_map\"", NULL},
-        {"{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}", K3_ERR_FORMAT, "metadata.total_size", NULL},
+        {"{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}", K3_ERR_FORMAT,
+         "metadata.total_size", NULL},
         {"{\"weight_map\":[]}", K3_ERR_FORMAT, "weight_map must be an object", NULL},
         {"{\"weight_map\":{}", K3_ERR_FORMAT, "invalid JSON", NULL},
     };
@@ -556,15 +604,18 @@ static void test_index_rules(void **state) {
         k3_st_index *ix;
         k3_error e = {0};
         int rc = k3_st_index_parse(&ix, cases[i].index, strlen(cases[i].index), "idx", &e);
-        if (rc == K3_OK) k3_st_index_free(ix);
-        else assert_int_equal(rc, cases[i].status);
+        if (rc == K3_OK)
+            k3_st_index_free(ix);
+        else
+            assert_int_equal(rc, cases[i].status);
     }
     /* a tensor in two shards, both listed */
     mkdir_clean(d);
     put_shard(d, "s1.safetensors", ab, 2);
     put_shard(d, "s2.safetensors", a1, 1);
     put_file(d, K3_INDEX_NAME, IDX("\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\""));
-    expect_ck(d, K3_ERR_DUPLICATE, "tensor \"a\" is in two shards", "s1.safetensors and s2.safetensors");
+    expect_ck(d, K3_ERR_DUPLICATE, "tensor \"a\" is in two shards",
+              "s1.safetensors and s2.safetensors");
     /* a malformed shard fails the checkpoint, naming the shard */
     put_file(d, "s2.safetensors", "junk");
     put_file(d, K3_INDEX_NAME, IDX("\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\""));
@@ -639,7 +690,8 @@ static void test_scaling(void **state) {
     for (size_t i = 0; i < N; i++) {
         char *nm = names + 48 * i;
         snprintf(nm, 48, "model.layers.%zu.experts.%zu.w1.weight", i / 1000, i % 1000);
-        t[i] = (k3_st_wtensor){.name = nm, .dtype = K3_DTYPE_BF16, .rank = 1, .shape = {1}, .data = &v};
+        t[i] = (k3_st_wtensor){
+            .name = nm, .dtype = K3_DTYPE_BF16, .rank = 1, .shape = {1}, .data = &v};
     }
     k3_error e = {0};
     double t0 = k3_now();
@@ -659,19 +711,19 @@ static void test_scaling(void **state) {
         }
         k3_checkpoint_close(ck);
     }
-    print_message("scaling: wrote 2 x %d tensors in %.2f s, opened + %d lookups x 2 in %.2f s\n", N, t1 - t0, N,
-                  k3_now() - t1);
+    print_message("scaling: wrote 2 x %d tensors in %.2f s, opened + %d lookups x 2 in %.2f s\n", N,
+                  t1 - t0, N, k3_now() - t1);
     free(names);
     free(t);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefix_rules),    cmocka_unit_test(test_header_rules),
-        cmocka_unit_test(test_name_too_long),   cmocka_unit_test(test_valid_headers),
-        cmocka_unit_test(test_dtype_table),     cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_writer_errors),   cmocka_unit_test(test_views_and_reads),
-        cmocka_unit_test(test_index_rules),     cmocka_unit_test(test_sharded_writer),
+        cmocka_unit_test(test_prefix_rules),  cmocka_unit_test(test_header_rules),
+        cmocka_unit_test(test_name_too_long), cmocka_unit_test(test_valid_headers),
+        cmocka_unit_test(test_dtype_table),   cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_writer_errors), cmocka_unit_test(test_views_and_reads),
+        cmocka_unit_test(test_index_rules),   cmocka_unit_test(test_sharded_writer),
         cmocka_unit_test(test_scaling),
     };
     return cmocka_run_group_tests_name("safetensors", tests, setup, teardown);

@@ -8,14 +8,15 @@
  * view is requested, so a rank loader can stream its experts shard by shard with pread +
  * K3_ST_READ_DONTNEED.
  *
- * Left out: remote paths, the "consolidated*" file convention, checkpoints that mix a
- * directory index with extra unindexed shards (an error). */
+ * With an index, *.safetensors files in the directory that the index does not name (for
+ * example a "consolidated.safetensors") are not opened: the index is authoritative.
+ * Left out: remote paths, weight maps that point into subdirectories (refused). */
 #ifndef K3_CHECKPOINT_INTERNAL_H
 #define K3_CHECKPOINT_INTERNAL_H
 
 #include "io/safetensors.h"
 
-#define K3_INDEX_NAME "model.safetensors.index.json"
+#define K3_INDEX_NAME      "model.safetensors.index.json"
 #define K3_INDEX_MAX_BYTES (256u << 20) /* an index of 500k names is ~50 MB */
 
 /* Resolves tensor i (public numbering) to its shard handle and entry. */

@@ -34,18 +34,22 @@ static const struct {
 };
 
 const char *k3_dtype_name(k3_dtype dtype) {
-    if ((int)dtype <= K3_DTYPE_INVALID || (int)dtype >= K3_DTYPE_COUNT) return "INVALID";
+    if ((int)dtype <= K3_DTYPE_INVALID || (int)dtype >= K3_DTYPE_COUNT)
+        return "INVALID";
     return dtypes[dtype].name;
 }
 
 k3_dtype k3_dtype_parse(const char *name) {
-    if (!name) return K3_DTYPE_INVALID;
+    if (!name)
+        return K3_DTYPE_INVALID;
     for (int d = K3_DTYPE_INVALID + 1; d < K3_DTYPE_COUNT; d++)
-        if (!strcmp(name, dtypes[d].name)) return (k3_dtype)d;
+        if (!strcmp(name, dtypes[d].name))
+            return (k3_dtype)d;
     return K3_DTYPE_INVALID;
 }
 
 unsigned k3_dtype_bits(k3_dtype dtype) {
-    if ((int)dtype <= K3_DTYPE_INVALID || (int)dtype >= K3_DTYPE_COUNT) return 0;
+    if ((int)dtype <= K3_DTYPE_INVALID || (int)dtype >= K3_DTYPE_COUNT)
+        return 0;
     return dtypes[dtype].bits;
 }

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #define K3_ST_MAX_HEADER 100000000ull /* the reference's MAX_HEADER_SIZE */
-#define K3_ST_MAX_NAME 1024           /* bytes of one tensor name (K3 names are ~90) */
+#define K3_ST_MAX_NAME   1024         /* bytes of one tensor name (K3 names are ~90) */
 
 /* One tensor of a validated file. Offsets are relative to the data buffer (byte 8+N). */
 typedef struct k3_st_tensor {
@@ -33,11 +33,13 @@ typedef struct k3_st_tensor {
     k3_dtype dtype;
     int rank;
     uint64_t shape[K3_MAX_RANK];
-    uint64_t numel;   /* product of shape; 1 for rank 0 */
+    uint64_t numel;      /* product of shape; 1 for rank 0 */
     uint64_t begin, end; /* data_offsets; end - begin == numel * bits / 8 */
 } k3_st_tensor;
 
-static inline uint64_t k3_st_nbytes(const k3_st_tensor *t) { return t->end - t->begin; }
+static inline uint64_t k3_st_nbytes(const k3_st_tensor *t) {
+    return t->end - t->begin;
+}
 
 typedef struct k3_st_file k3_st_file;
 
@@ -46,19 +48,18 @@ int k3_st_open(k3_st_file **out, const char *path, k3_error *err);
 /* Validates a whole safetensors file held in memory (8-byte length, header, data). The
  * buffer is borrowed, not copied: it must outlive the k3_st_file. name is used in messages
  * in place of a path. This is the fuzzer's entry point. */
-int k3_st_parse(k3_st_file **out, const void *bytes, size_t len, const char *name,
-                k3_error *err);
+int k3_st_parse(k3_st_file **out, const void *bytes, size_t len, const char *name, k3_error *err);
 void k3_st_close(k3_st_file *f); /* NULL-safe; unmaps, closes */
 
-const char *k3_st_path(const k3_st_file *f);     /* the path or the name given to parse */
+const char *k3_st_path(const k3_st_file *f); /* the path or the name given to parse */
 uint64_t k3_st_file_size(const k3_st_file *f);
-uint64_t k3_st_data_start(const k3_st_file *f);  /* 8 + N: absolute offset of the data buffer */
+uint64_t k3_st_data_start(const k3_st_file *f); /* 8 + N: absolute offset of the data buffer */
 
 /* Tensors in data-offset order (ties by end, then name). */
 size_t k3_st_count(const k3_st_file *f);
-const k3_st_tensor *k3_st_at(const k3_st_file *f, size_t i); /* NULL when out of range */
+const k3_st_tensor *k3_st_at(const k3_st_file *f, size_t i);           /* NULL when out of range */
 const k3_st_tensor *k3_st_find(const k3_st_file *f, const char *name); /* NULL when absent */
-size_t k3_st_index_of(const k3_st_file *f, const k3_st_tensor *t); /* t must belong to f */
+size_t k3_st_index_of(const k3_st_file *f, const k3_st_tensor *t);     /* t must belong to f */
 
 /* __metadata__, sorted by key. */
 size_t k3_st_metadata_count(const k3_st_file *f);
@@ -70,7 +71,7 @@ const char *k3_st_metadata_get(const k3_st_file *f, const char *key); /* NULL wh
 typedef struct k3_st_view {
     const void *data; /* t's bytes; NULL only for an empty tensor */
     uint64_t nbytes;
-    void *owned;      /* non-NULL when data is a malloc'd copy (the unaligned path) */
+    void *owned; /* non-NULL when data is a malloc'd copy (the unaligned path) */
 } k3_st_view;
 
 /* align: required alignment of data in bytes (a power of two); 0 means the element size
@@ -90,8 +91,8 @@ enum {
 int k3_st_read(k3_st_file *f, const k3_st_tensor *t, void *dst, size_t dst_size, unsigned flags,
                k3_error *err);
 /* Reads bytes [off, off + dst_size) of t into dst; the range must lie inside t (K3_ERR_ARG). */
-int k3_st_read_range(k3_st_file *f, const k3_st_tensor *t, uint64_t off, void *dst,
-                     size_t dst_size, unsigned flags, k3_error *err);
+int k3_st_read_range(k3_st_file *f, const k3_st_tensor *t, uint64_t off, void *dst, size_t dst_size,
+                     unsigned flags, k3_error *err);
 
 /* Checked size of a (dtype, shape): false on overflow or a sub-byte total that is not whole
  * bytes. Shared by the reader, the writer and the checkpoint loader. */

@@ -10,18 +10,18 @@
 
 struct k3_st_file {
     char *path;
-    int fd;               /* -1 when the file lives in memory */
-    const uint8_t *mem;   /* the borrowed bytes of k3_st_parse, else NULL */
-    uint64_t size;        /* whole file */
-    uint64_t data_start;  /* 8 + N */
+    int fd;              /* -1 when the file lives in memory */
+    const uint8_t *mem;  /* the borrowed bytes of k3_st_parse, else NULL */
+    uint64_t size;       /* whole file */
+    uint64_t data_start; /* 8 + N */
     size_t n;
-    k3_st_tensor *t;      /* [n], data-offset order */
-    char *names;          /* every name, NUL-terminated, back to back */
+    k3_st_tensor *t; /* [n], data-offset order */
+    char *names;     /* every name, NUL-terminated, back to back */
     k3_name_table by_name;
     size_t n_meta;
-    char **meta;          /* [2 * n_meta]: key, value, sorted by key */
+    char **meta; /* [2 * n_meta]: key, value, sorted by key */
     pthread_mutex_t map_lock;
-    void *map;            /* whole-file mapping, made on the first view */
+    void *map; /* whole-file mapping, made on the first view */
 };
 
 /* Validates header bytes hdr[0..len) of f (f->path, size and data_start already set) and

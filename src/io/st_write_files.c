@@ -16,17 +16,21 @@ int k3_st_write_file(const char *path, const k3_st_wtensor *t, size_t n,
                      const char *const (*meta)[2], size_t n_meta, k3_error *err) {
     k3_st_writer *w;
     int rc = k3_st_writer_new(&w, err);
-    if (rc) return rc;
-    for (size_t i = 0; !rc && i < n_meta; i++) rc = k3_st_writer_metadata(w, meta[i][0], meta[i][1], err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; !rc && i < n_meta; i++)
+        rc = k3_st_writer_metadata(w, meta[i][0], meta[i][1], err);
     for (size_t i = 0; !rc && i < n; i++)
         rc = k3_st_writer_declare(w, t[i].name, t[i].dtype, t[i].rank, t[i].shape, err);
-    if (!rc) rc = k3_st_writer_begin(w, path, err);
+    if (!rc)
+        rc = k3_st_writer_begin(w, path, err);
     for (size_t i = 0; !rc && i < n; i++) {
         uint64_t nb = 0;
         k3_st_tensor_bytes(t[i].dtype, t[i].rank, t[i].shape, NULL, &nb); /* checked by declare */
         rc = k3_st_writer_put(w, t[i].name, t[i].data, (size_t)nb, err);
     }
-    if (!rc) rc = k3_st_writer_finish(w, err);
+    if (!rc)
+        rc = k3_st_writer_finish(w, err);
     k3_st_writer_free(w);
     return rc;
 }
@@ -34,9 +38,12 @@ int k3_st_write_file(const char *path, const k3_st_wtensor *t, size_t n,
 static void json_escape(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
     }
     fputc('"', f);
 }
@@ -62,23 +69,28 @@ static int write_index(const char *dir, size_t n_shards, const k3_st_wtensor *t,
     }
     snprintf(path, plen, "%s/%s", dir, K3_INDEX_NAME);
     snprintf(tmp, plen, "%s/%s.tmp", dir, K3_INDEX_NAME);
-    for (size_t i = 0; i < n; i++) wm[i] = (wm_entry){t[i].name, shard[i]};
+    for (size_t i = 0; i < n; i++)
+        wm[i] = (wm_entry){t[i].name, shard[i]};
     qsort(wm, n, sizeof *wm, wm_cmp);
     FILE *f = fopen(tmp, "w");
     if (!f) {
         rc = k3_fail(err, K3_ERR_IO, "%s: %s", tmp, strerror(errno));
         goto done;
     }
-    fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %" PRIu64 "\n  },\n  \"weight_map\": {", total);
+    fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %" PRIu64 "\n  },\n  \"weight_map\": {",
+            total);
     for (size_t i = 0; i < n; i++) {
         fprintf(f, "%s\n    ", i ? "," : "");
         json_escape(f, wm[i].name);
         fprintf(f, ": \"model-%05zu-of-%05zu.safetensors\"", wm[i].shard + 1, n_shards);
     }
     fprintf(f, "\n  }\n}\n");
-    if (ferror(f) | fclose(f)) rc = k3_fail(err, K3_ERR_IO, "%s: write failed", tmp);
-    else if (rename(tmp, path) != 0) rc = k3_fail(err, K3_ERR_IO, "%s: rename: %s", tmp, strerror(errno));
-    if (rc) unlink(tmp);
+    if (ferror(f) | fclose(f))
+        rc = k3_fail(err, K3_ERR_IO, "%s: write failed", tmp);
+    else if (rename(tmp, path) != 0)
+        rc = k3_fail(err, K3_ERR_IO, "%s: rename: %s", tmp, strerror(errno));
+    if (rc)
+        unlink(tmp);
 done:
     free(path);
     free(tmp);
@@ -102,8 +114,10 @@ int k3_st_write_sharded(const char *dir, size_t n_shards, const k3_st_wtensor *t
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t nb;
-        if (!k3_st_tensor_bytes(t[i].dtype, t[i].rank, t[i].shape, NULL, &nb) || !k3_add_u64(total, nb, &total)) {
-            rc = k3_fail(err, K3_ERR_SHAPE, "%s: tensor \"%s\": invalid dtype or shape", dir, t[i].name);
+        if (!k3_st_tensor_bytes(t[i].dtype, t[i].rank, t[i].shape, NULL, &nb) ||
+            !k3_add_u64(total, nb, &total)) {
+            rc = k3_fail(err, K3_ERR_SHAPE, "%s: tensor \"%s\": invalid dtype or shape", dir,
+                         t[i].name);
             goto done;
         }
     }
@@ -123,7 +137,8 @@ int k3_st_write_sharded(const char *dir, size_t n_shards, const k3_st_wtensor *t
         }
         bool full = acc >= (double)total * (double)(s + 1) / (double)n_shards;
         bool must = n - i <= n_shards - 1 - s; /* the remaining tensors are needed one per shard */
-        if (s + 1 < n_shards && in_s > 0 && (full || must)) s++, in_s = 0;
+        if (s + 1 < n_shards && in_s > 0 && (full || must))
+            s++, in_s = 0;
         uint64_t nb = 0;
         k3_st_tensor_bytes(t[i].dtype, t[i].rank, t[i].shape, NULL, &nb);
         acc += (double)nb;
@@ -133,11 +148,13 @@ int k3_st_write_sharded(const char *dir, size_t n_shards, const k3_st_wtensor *t
     for (size_t k = 0; !rc && k < n_shards; k++) {
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
-            if (shard[i] == k) sel[m++] = t[i];
+            if (shard[i] == k)
+                sel[m++] = t[i];
         sprintf(path, "%s/model-%05zu-of-%05zu.safetensors", dir, k + 1, n_shards);
         rc = k3_st_write_file(path, sel, m, meta, n_meta, err);
     }
-    if (!rc) rc = write_index(dir, n_shards, t, n, shard, total, err);
+    if (!rc)
+        rc = write_index(dir, n_shards, t, n, shard, total, err);
 done:
     free(shard);
     free(sel);

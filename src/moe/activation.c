@@ -16,8 +16,9 @@ static const bool act_gated[K3_ACT_COUNT] = {
 };
 
 static const char *const act_names[K3_ACT_COUNT] = {
-    [K3_ACT_INVALID] = "invalid", [K3_ACT_IDENTITY] = "identity", [K3_ACT_GELU] = "gelu",
-    [K3_ACT_RELU] = "relu",       [K3_ACT_SILU] = "silu",         [K3_ACT_SWIGLU] = "swiglu",
+    [K3_ACT_INVALID] = "invalid", [K3_ACT_IDENTITY] = "identity",
+    [K3_ACT_GELU] = "gelu",       [K3_ACT_RELU] = "relu",
+    [K3_ACT_SILU] = "silu",       [K3_ACT_SWIGLU] = "swiglu",
     [K3_ACT_GEGLU] = "geglu",     [K3_ACT_SWIGLU_BIAS] = "swiglu_bias",
     [K3_ACT_RELU2] = "relu2",     [K3_ACT_SITU] = "situ",
 };
@@ -31,7 +32,8 @@ int64_t k3_act_fc1_rows(k3_act act, int64_t inter) {
 }
 
 const char *k3_act_name(k3_act act) {
-    if ((int)act <= 0 || (int)act >= K3_ACT_COUNT) return "invalid";
+    if ((int)act <= 0 || (int)act >= K3_ACT_COUNT)
+        return "invalid";
     return act_names[act];
 }
 
@@ -48,26 +50,36 @@ int k3_act_from_name(const char *name, k3_act *out, k3_error *err) {
 }
 
 /* Checks one per-expert array: present, and each entry accepted by `ok`. */
-static int check_array(const float *a, int n, const char *act, const char *param,
-                       bool (*ok)(float), const char *want, k3_error *err) {
-    if (!a) return k3_fail(err, K3_ERR_MISSING, "%s: parameter %s is missing (NULL)", act, param);
+static int check_array(const float *a, int n, const char *act, const char *param, bool (*ok)(float),
+                       const char *want, k3_error *err) {
+    if (!a)
+        return k3_fail(err, K3_ERR_MISSING, "%s: parameter %s is missing (NULL)", act, param);
     for (int e = 0; e < n; e++)
         if (!ok(a[e]))
-            return k3_fail(err, K3_ERR_NUMERIC, "%s: %s[%d] (local expert %d): expected %s, found %g",
-                           act, param, e, e, want, (double)a[e]);
+            return k3_fail(err, K3_ERR_NUMERIC,
+                           "%s: %s[%d] (local expert %d): expected %s, found %g", act, param, e, e,
+                           want, (double)a[e]);
     return K3_OK;
 }
 
-static bool finite_pos(float v) { return isfinite(v) && v > 0; }
-static bool finite_any(float v) { return isfinite(v); }
-static bool limit_ok(float v) { return !isnan(v) && v > 0; }
+static bool finite_pos(float v) {
+    return isfinite(v) && v > 0;
+}
+static bool finite_any(float v) {
+    return isfinite(v);
+}
+static bool limit_ok(float v) {
+    return !isnan(v) && v > 0;
+}
 
 int k3_act_params_validate(const k3_act_params *p, int n_local, k3_error *err) {
-    if (!p) return k3_fail(err, K3_ERR_ARG, "activation params: NULL");
+    if (!p)
+        return k3_fail(err, K3_ERR_ARG, "activation params: NULL");
     if ((int)p->act <= 0 || (int)p->act >= K3_ACT_COUNT)
         return k3_fail(err, K3_ERR_ARG, "activation: invalid value %d", (int)p->act);
     if (n_local <= 0)
-        return k3_fail(err, K3_ERR_ARG, "activation params: n_local must be > 0, found %d", n_local);
+        return k3_fail(err, K3_ERR_ARG, "activation params: n_local must be > 0, found %d",
+                       n_local);
     int rc;
     if (p->act == K3_ACT_SITU) {
         /* alpha carries the gate-side beta (4.0 for K3), beta the linear beta (25.0). A zero
@@ -85,8 +97,8 @@ int k3_act_params_validate(const k3_act_params *p, int n_local, k3_error *err) {
         if ((rc = check_array(p->alpha, n_local, "swiglu_bias", "alpha", finite_any,
                               "a finite value", err)))
             return rc;
-        if ((rc = check_array(p->beta, n_local, "swiglu_bias", "beta", finite_any,
-                              "a finite value", err)))
+        if ((rc = check_array(p->beta, n_local, "swiglu_bias", "beta", finite_any, "a finite value",
+                              err)))
             return rc;
         if (p->limit && (rc = check_array(p->limit, n_local, "swiglu_bias", "limit", limit_ok,
                                           "a value > 0 (or +inf)", err)))
@@ -97,21 +109,32 @@ int k3_act_params_validate(const k3_act_params *p, int n_local, k3_error *err) {
 
 /* ---- float64 ------------------------------------------------------------------------ */
 
-static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double sigmoid_d(double x) {
+    return 1.0 / (1.0 + exp(-x));
+}
 /* GELU, erf form, written with erfc: 0.5*x*(1 + erf(x/sqrt2)) = 0.5*x*erfc(-x/sqrt2), which
  * avoids the cancellation of 1 + erf for negative x (the float version loses all digits
  * below x ~ -4 otherwise). */
-static double gelu_d(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
+static double gelu_d(double x) {
+    return 0.5 * x * erfc(-x / sqrt(2.0));
+}
 
 double k3_act_f64(const k3_act_params *p, int e, double g, double u) {
     switch (p->act) {
-    case K3_ACT_IDENTITY: return g;
-    case K3_ACT_GELU: return gelu_d(g);
-    case K3_ACT_RELU: return g > 0 ? g : 0.0;
-    case K3_ACT_SILU: return g * sigmoid_d(g);
-    case K3_ACT_RELU2: return g > 0 ? g * g : 0.0;
-    case K3_ACT_SWIGLU: return g * sigmoid_d(g) * u;
-    case K3_ACT_GEGLU: return gelu_d(g) * u;
+    case K3_ACT_IDENTITY:
+        return g;
+    case K3_ACT_GELU:
+        return gelu_d(g);
+    case K3_ACT_RELU:
+        return g > 0 ? g : 0.0;
+    case K3_ACT_SILU:
+        return g * sigmoid_d(g);
+    case K3_ACT_RELU2:
+        return g > 0 ? g * g : 0.0;
+    case K3_ACT_SWIGLU:
+        return g * sigmoid_d(g) * u;
+    case K3_ACT_GEGLU:
+        return gelu_d(g) * u;
     case K3_ACT_SWIGLU_BIAS: {
         double a = p->alpha[e], b = p->beta[e];
         double lim = p->limit ? (double)p->limit[e] : INFINITY;
@@ -123,24 +146,36 @@ double k3_act_f64(const k3_act_params *p, int e, double g, double u) {
         double bg = p->alpha[e], bl = p->beta[e];
         return bg * tanh(g / bg) * sigmoid_d(g) * (bl * tanh(u / bl));
     }
-    default: return NAN; /* unreachable after validation */
+    default:
+        return NAN; /* unreachable after validation */
     }
 }
 
 /* ---- float32 ------------------------------------------------------------------------ */
 
-static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float gelu_f(float x) { return 0.5f * x * erfcf(-x * 0.70710678118654752f); }
+static float sigmoid_f(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+static float gelu_f(float x) {
+    return 0.5f * x * erfcf(-x * 0.70710678118654752f);
+}
 
 float k3_act_f32(const k3_act_params *p, int e, float g, float u) {
     switch (p->act) {
-    case K3_ACT_IDENTITY: return g;
-    case K3_ACT_GELU: return gelu_f(g);
-    case K3_ACT_RELU: return g > 0 ? g : 0.0f;
-    case K3_ACT_SILU: return g * sigmoid_f(g);
-    case K3_ACT_RELU2: return g > 0 ? g * g : 0.0f;
-    case K3_ACT_SWIGLU: return g * sigmoid_f(g) * u;
-    case K3_ACT_GEGLU: return gelu_f(g) * u;
+    case K3_ACT_IDENTITY:
+        return g;
+    case K3_ACT_GELU:
+        return gelu_f(g);
+    case K3_ACT_RELU:
+        return g > 0 ? g : 0.0f;
+    case K3_ACT_SILU:
+        return g * sigmoid_f(g);
+    case K3_ACT_RELU2:
+        return g > 0 ? g * g : 0.0f;
+    case K3_ACT_SWIGLU:
+        return g * sigmoid_f(g) * u;
+    case K3_ACT_GEGLU:
+        return gelu_f(g) * u;
     case K3_ACT_SWIGLU_BIAS: {
         float a = p->alpha[e], b = p->beta[e];
         float lim = p->limit ? p->limit[e] : INFINITY;
@@ -152,11 +187,13 @@ float k3_act_f32(const k3_act_params *p, int e, float g, float u) {
         float bg = p->alpha[e], bl = p->beta[e];
         return bg * tanhf(g / bg) * sigmoid_f(g) * (bl * tanhf(u / bl));
     }
-    default: return NAN;
+    default:
+        return NAN;
     }
 }
 
 void k3_act_row_f32(const k3_act_params *p, int e, const float *g, const float *u, float *out,
                     int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = k3_act_f32(p, e, g[i], u ? u[i] : 0.0f);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = k3_act_f32(p, e, g[i], u ? u[i] : 0.0f);
 }

@@ -26,10 +26,14 @@
 
 const char *k3_act_mode_name(k3_act_mode mode) {
     switch (mode) {
-    case K3_MODE_W4A16: return "w4a16";
-    case K3_MODE_W4A4: return "w4a4";
-    case K3_MODE_W4A8: return "w4a8";
-    default: return "invalid";
+    case K3_MODE_W4A16:
+        return "w4a16";
+    case K3_MODE_W4A4:
+        return "w4a4";
+    case K3_MODE_W4A8:
+        return "w4a8";
+    default:
+        return "invalid";
     }
 }
 
@@ -45,11 +49,12 @@ int k3_act_mode_from_name(const char *name, k3_act_mode *out, k3_error *err) {
 
 static int check_mat(const k3_qmat *m, int e, const char *name, int64_t rows, int64_t cols,
                      k3_act_mode mode, k3_error *err) {
-    if (!m->data) return k3_fail(err, K3_ERR_MISSING, "expert %d: %s: no data", e, name);
+    if (!m->data)
+        return k3_fail(err, K3_ERR_MISSING, "expert %d: %s: no data", e, name);
     if (m->rows != rows || m->cols != cols)
-        return k3_fail(err, K3_ERR_SHAPE, "expert %d: %s: expected [%lld, %lld], found [%lld, %lld]",
-                       e, name, (long long)rows, (long long)cols, (long long)m->rows,
-                       (long long)m->cols);
+        return k3_fail(err, K3_ERR_SHAPE,
+                       "expert %d: %s: expected [%lld, %lld], found [%lld, %lld]", e, name,
+                       (long long)rows, (long long)cols, (long long)m->rows, (long long)m->cols);
     if ((int)m->fmt < 0 || m->fmt >= K3_WFMT_COUNT)
         return k3_fail(err, K3_ERR_DTYPE, "expert %d: %s: invalid format %d", e, name, (int)m->fmt);
     if (m->fmt != K3_WFMT_F32 && m->fmt != K3_WFMT_BF16 && m->fmt != K3_WFMT_F16 && !m->scale)
@@ -65,13 +70,14 @@ static int check_mat(const k3_qmat *m, int e, const char *name, int64_t rows, in
                            name, (double)m->input_scale);
     }
     if (mode == K3_MODE_W4A8 && m->fmt != K3_WFMT_MXFP4)
-        return k3_fail(err, K3_ERR_DTYPE, "expert %d: %s: mode w4a8 needs MXFP4, found %s", e,
-                       name, k3_wfmt_name(m->fmt));
+        return k3_fail(err, K3_ERR_DTYPE, "expert %d: %s: mode w4a8 needs MXFP4, found %s", e, name,
+                       k3_wfmt_name(m->fmt));
     return K3_OK;
 }
 
 int k3_experts_validate(const k3_experts *ex, k3_act_mode mode, k3_error *err) {
-    if (!ex) return k3_fail(err, K3_ERR_ARG, "experts: NULL");
+    if (!ex)
+        return k3_fail(err, K3_ERR_ARG, "experts: NULL");
     if ((int)mode < 0 || mode >= K3_MODE_COUNT)
         return k3_fail(err, K3_ERR_ARG, "experts: invalid activation mode %d", (int)mode);
     if (ex->n_experts <= 0 || ex->n_local <= 0 || ex->first_local < 0 ||
@@ -82,21 +88,27 @@ int k3_experts_validate(const k3_experts *ex, k3_act_mode mode, k3_error *err) {
     if (ex->hidden <= 0 || ex->inter <= 0)
         return k3_fail(err, K3_ERR_SHAPE, "experts: hidden %d and inter %d must be > 0", ex->hidden,
                        ex->inter);
-    if (!ex->e) return k3_fail(err, K3_ERR_MISSING, "experts: no expert array");
+    if (!ex->e)
+        return k3_fail(err, K3_ERR_MISSING, "experts: no expert array");
     int quantum = mode == K3_MODE_W4A4 ? K3_NVFP4_BLOCK : mode == K3_MODE_W4A8 ? K3_MXFP4_BLOCK : 1;
     if (ex->hidden % quantum || ex->inter % quantum)
-        return k3_fail(err, K3_ERR_SHAPE, "experts: mode %s needs hidden %d and inter %d to be "
-                       "multiples of %d", k3_act_mode_name(mode), ex->hidden, ex->inter, quantum);
+        return k3_fail(err, K3_ERR_SHAPE,
+                       "experts: mode %s needs hidden %d and inter %d to be "
+                       "multiples of %d",
+                       k3_act_mode_name(mode), ex->hidden, ex->inter, quantum);
     int rc = k3_act_params_validate(&ex->act, ex->n_local, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     bool gated = k3_act_is_gated(ex->act.act);
     for (int i = 0; i < ex->n_local; i++) {
         const k3_expert *e = &ex->e[i];
         int id = ex->first_local + i;
-        if ((rc = check_mat(&e->w1, id, "w1 (gate)", ex->inter, ex->hidden, mode, err))) return rc;
+        if ((rc = check_mat(&e->w1, id, "w1 (gate)", ex->inter, ex->hidden, mode, err)))
+            return rc;
         if (gated && (rc = check_mat(&e->w3, id, "w3 (up)", ex->inter, ex->hidden, mode, err)))
             return rc;
-        if ((rc = check_mat(&e->w2, id, "w2 (down)", ex->hidden, ex->inter, mode, err))) return rc;
+        if ((rc = check_mat(&e->w2, id, "w2 (down)", ex->hidden, ex->inter, mode, err)))
+            return rc;
         if (gated && mode == K3_MODE_W4A4 && e->w3.input_scale != e->w1.input_scale)
             return k3_fail(err, K3_ERR_FORMAT,
                            "expert %d: w3.input_scale %g differs from w1.input_scale %g (one FC1 "
@@ -109,15 +121,16 @@ int k3_experts_validate(const k3_experts *ex, k3_act_mode mode, k3_error *err) {
 /* Run-time activation quantization of one float row, dequantized exactly into double. */
 typedef struct act_quant {
     k3_act_mode mode;
-    float g;           /* W4A4 global scale */
-    uint8_t *codes;    /* [n] (packed halves for NVFP4) */
-    uint8_t *scales;   /* [n / 16] */
-    float *deq;        /* [n] */
+    float g;         /* W4A4 global scale */
+    uint8_t *codes;  /* [n] (packed halves for NVFP4) */
+    uint8_t *scales; /* [n / 16] */
+    float *deq;      /* [n] */
 } act_quant;
 
 static void quantize_row(act_quant *q, const float *in, int64_t n, double *out) {
     if (q->mode == K3_MODE_W4A16) {
-        for (int64_t i = 0; i < n; i++) out[i] = in[i];
+        for (int64_t i = 0; i < n; i++)
+            out[i] = in[i];
         return;
     }
     if (q->mode == K3_MODE_W4A4) {
@@ -132,12 +145,14 @@ static void quantize_row(act_quant *q, const float *in, int64_t n, double *out) 
     }
     k3_mxfp8_quantize_row(in, n, q->codes, q->scales);
     k3_mxfp8_dequantize_row(q->codes, q->scales, n, q->deq);
-    for (int64_t i = 0; i < n; i++) out[i] = q->deq[i];
+    for (int64_t i = 0; i < n; i++)
+        out[i] = q->deq[i];
 }
 
 static double dot(const double *a, const double *b, int64_t n) {
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -198,11 +213,13 @@ static void run_expert(const k3_experts *ex, int i, ref_work *w, double *out) {
             w->u[r] = dot(w->row, w->xin, H);
         }
     }
-    for (int64_t r = 0; r < I; r++) w->h[r] = k3_act_f64(&ex->act, i, w->g[r], gated ? w->u[r] : 0);
+    for (int64_t r = 0; r < I; r++)
+        w->h[r] = k3_act_f64(&ex->act, i, w->g[r], gated ? w->u[r] : 0);
     if (w->q2.mode == K3_MODE_W4A16) {
         memcpy(w->hin, w->h, (size_t)I * sizeof(double));
     } else {
-        for (int64_t r = 0; r < I; r++) w->hf[r] = (float)w->h[r];
+        for (int64_t r = 0; r < I; r++)
+            w->hf[r] = (float)w->h[r];
         quantize_row(&w->q2, w->hf, I, w->hin);
     }
     for (int64_t r = 0; r < H; r++) {
@@ -214,12 +231,15 @@ static void run_expert(const k3_experts *ex, int i, ref_work *w, double *out) {
 static int check_call(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
                       const int32_t *ids, const float *w, int k, k3_error *err) {
     int rc = k3_experts_validate(ex, mode, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (T < 0 || k < 1)
-        return k3_fail(err, K3_ERR_ARG, "moe experts: T must be >= 0 and k >= 1, found %d, %d", T, k);
+        return k3_fail(err, K3_ERR_ARG, "moe experts: T must be >= 0 and k >= 1, found %d, %d", T,
+                       k);
     for (int64_t i = 0; i < (int64_t)T * k; i++) {
         if (ids[i] < 0 || ids[i] >= ex->n_experts)
-            return k3_fail(err, K3_ERR_ARG, "moe experts: topk_ids[%lld][%lld] = %d: expected 0..%d",
+            return k3_fail(err, K3_ERR_ARG,
+                           "moe experts: topk_ids[%lld][%lld] = %d: expected 0..%d",
                            (long long)(i / k), (long long)(i % k), ids[i], ex->n_experts - 1);
         if (w && !isfinite(w[i]))
             return k3_fail(err, K3_ERR_NUMERIC, "moe experts: topk_weights[%lld][%lld] is %g",
@@ -241,7 +261,8 @@ static void token_slots(const k3_experts *ex, const float *xt, const int32_t *id
         int i = idt[j] - ex->first_local;
         double *out = ys + (int64_t)j * H;
         if (i < 0 || i >= ex->n_local) {
-            for (int64_t c = 0; c < H; c++) out[c] = 0;
+            for (int64_t c = 0; c < H; c++)
+                out[c] = 0;
             continue;
         }
         run_expert(ex, i, w, out);
@@ -251,9 +272,11 @@ static void token_slots(const k3_experts *ex, const float *xt, const int32_t *id
 int k3_moe_experts_ref_slots(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
                              const int32_t *ids, int k, double *ys, k3_error *err) {
     int rc = check_call(ex, mode, x, T, ids, NULL, k, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     ref_work w;
-    if ((rc = work_alloc(&w, ex, mode, err))) return rc;
+    if ((rc = work_alloc(&w, ex, mode, err)))
+        return rc;
     int64_t H = ex->hidden;
     for (int t = 0; t < T; t++)
         token_slots(ex, x + (int64_t)t * H, ids + (int64_t)t * k, k, &w, ys + (int64_t)t * k * H);
@@ -264,9 +287,11 @@ int k3_moe_experts_ref_slots(const k3_experts *ex, k3_act_mode mode, const float
 int k3_moe_experts_ref(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
                        const int32_t *ids, const float *w, int k, double *y, k3_error *err) {
     int rc = check_call(ex, mode, x, T, ids, w, k, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     ref_work wk;
-    if ((rc = work_alloc(&wk, ex, mode, err))) return rc;
+    if ((rc = work_alloc(&wk, ex, mode, err)))
+        return rc;
     int64_t H = ex->hidden;
     double *ys = malloc((size_t)k * (size_t)H * sizeof *ys);
     if (!ys) {
@@ -277,11 +302,14 @@ int k3_moe_experts_ref(const k3_experts *ex, k3_act_mode mode, const float *x, i
         const int32_t *idt = ids + (int64_t)t * k;
         token_slots(ex, x + (int64_t)t * H, idt, k, &wk, ys);
         double *yt = y + (int64_t)t * H;
-        for (int64_t c = 0; c < H; c++) yt[c] = 0;
+        for (int64_t c = 0; c < H; c++)
+            yt[c] = 0;
         for (int j = 0; j < k; j++) {
             int i = idt[j] - ex->first_local;
-            if (i < 0 || i >= ex->n_local) continue;
-            for (int64_t c = 0; c < H; c++) yt[c] += (double)w[(int64_t)t * k + j] * ys[(int64_t)j * H + c];
+            if (i < 0 || i >= ex->n_local)
+                continue;
+            for (int64_t c = 0; c < H; c++)
+                yt[c] += (double)w[(int64_t)t * k + j] * ys[(int64_t)j * H + c];
         }
     }
     free(ys);
@@ -289,18 +317,20 @@ int k3_moe_experts_ref(const k3_experts *ex, k3_act_mode mode, const float *x, i
     return K3_OK;
 }
 
-int k3_moe_experts_ref_f32(void *ctx, const k3_experts *ex, k3_act_mode mode, const float *x,
-                           int T, const int32_t *ids, const float *w, int k, float *y,
-                           k3_error *err) {
+int k3_moe_experts_ref_f32(void *ctx, const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                           const int32_t *ids, const float *w, int k, float *y, k3_error *err) {
     (void)ctx; /* the reference has no state and runs on one thread by design */
     int rc = check_call(ex, mode, x, T, ids, w, k, err);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     size_t n = (size_t)T * (size_t)ex->hidden;
     double *yd = malloc((n ? n : 1) * sizeof *yd);
-    if (!yd) return k3_fail(err, K3_ERR_NOMEM, "moe reference: output [%d, %d]", T, ex->hidden);
+    if (!yd)
+        return k3_fail(err, K3_ERR_NOMEM, "moe reference: output [%d, %d]", T, ex->hidden);
     rc = k3_moe_experts_ref(ex, mode, x, T, ids, w, k, yd, err);
     if (!rc)
-        for (size_t i = 0; i < n; i++) y[i] = (float)yd[i];
+        for (size_t i = 0; i < n; i++)
+            y[i] = (float)yd[i];
     free(yd);
     return rc;
 }

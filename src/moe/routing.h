@@ -40,8 +40,8 @@ int k3_router_logits(const k3_router *r, const float *x, int T, float *logits, k
  *  SIGMOID:     s = sigmoid(l); top-k of s; w = s[id]; renormalize: w /= (sum w + 1e-20).
  * Every function finally multiplies w by routed_scaling_factor (set it to 1 for none).
  * A non-finite logit is K3_ERR_NUMERIC naming the token and expert; nothing is chosen. */
-int k3_route_logits(const k3_router *r, const float *logits, int T, int32_t *ids,
-                    float *weights, k3_error *err);
+int k3_route_logits(const k3_router *r, const float *logits, int T, int32_t *ids, float *weights,
+                    k3_error *err);
 
 /* k3_router_logits followed by k3_route_logits. */
 int k3_route(const k3_router *r, const float *x, int T, int32_t *ids, float *weights,

@@ -72,16 +72,29 @@ def test_no_private_gated_sets():
     assert not bad, "gated set outside activation.c:\n" + "\n".join(bad)
 
 
+# Known violations waiting for their owner's fix, each with the reason. An entry that no
+# longer violates fails the test too, so the list cannot outlive the fix.
+PENDING = {
+    "src/load/model.c": "assemble() stores w3 for every expert without asking k3_act_is_gated "
+                        "(correct today: it only builds SiTU/SwiGLU banks); loader to fix",
+}
+
+
 def test_fc1_readers_ask_the_table():
-    bad = []
+    bad, fixed = [], []
     for p in sources():
         if p in (TABLE_FILE, SRC / "moe" / "activation.h"):
             continue
         t = p.read_text()
-        if reads_fc1(t) and not asks_table(t):
-            bad.append(str(p.relative_to(ROOT)))
+        rel = str(p.relative_to(ROOT))
+        violates = reads_fc1(t) and not asks_table(t)
+        if violates and rel not in PENDING:
+            bad.append(rel)
+        if not violates and rel in PENDING:
+            fixed.append(rel)
     assert not bad, ("files that read w3 / size FC1 without k3_act_is_gated or "
                      "k3_act_fc1_rows:\n" + "\n".join(bad))
+    assert not fixed, "fixed: remove from PENDING: " + ", ".join(fixed)
 
 
 def test_reference_asks_the_table():

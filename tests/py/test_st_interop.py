@@ -149,7 +149,7 @@ def write_python_checkpoint(d):
             "model.layers.1.mlp.experts.0.w1.weight": u8(32, 32),
             "model.layers.1.mlp.experts.0.w1.weight_scale": ("float8_e4m3fn", u8(32, 4)),
             "model.layers.1.mlp.experts.0.w1.weight_scale_2": np.array(0.5, np.float32),
-            "model.layers.1.mlp.experts.0.w1.input_scale": np.array(0.25, np.float32),
+            "model.layers.1.mlp.experts.0.w1.input_scale": np.array([0.25], np.float32),
             # compressed-tensors NVFP4
             "model.layers.1.mlp.experts.1.w1.weight_packed": u8(32, 32),
             "model.layers.1.mlp.experts.1.w1.weight_scale": ("float8_e4m3fn", u8(32, 4)),
@@ -183,7 +183,7 @@ def write_python_checkpoint(d):
                 specs[k] = TensorSpec(dtype=pyname, shape=shape, data_ptr=raw.ctypes.data, data_len=raw.nbytes)
                 data = raw.tobytes()
             else:
-                v = np.ascontiguousarray(v)
+                v = np.array(v, order="C")  # keeps 0-d scalars 0-d
                 specs[k] = TensorSpec(dtype=v.dtype.name, shape=v.shape, data_ptr=v.ctypes.data, data_len=v.nbytes)
                 raw, data = v, v.tobytes()
             keep.append(raw)

@@ -52,7 +52,8 @@ int main(int argc, char **argv) {
     size_t mat = (size_t)H * (size_t)I, blk = fmt == K3_WFMT_NVFP4 ? 16 : 32;
     float *x = slurp(dir, "x.f32", (size_t)T * H * 4), *w = slurp(dir, "w.f32", (size_t)T * K * 4);
     int32_t *ids = slurp(dir, "ids.i32", (size_t)T * K * 4);
-    float *alpha = slurp(dir, "alpha.f32", (size_t)E * 4), *beta = slurp(dir, "beta.f32", (size_t)E * 4);
+    float *alpha = slurp(dir, "alpha.f32", (size_t)E * 4),
+          *beta = slurp(dir, "beta.f32", (size_t)E * 4);
     const char *names[3] = {"w1", "w3", "w2"};
     uint8_t *data[3], *scale[3] = {0};
     float *gs[3], *is[3];
@@ -63,29 +64,41 @@ int main(int argc, char **argv) {
         if (!el) {
             snprintf(n, sizeof n, "%s.scale", names[m]);
             scale[m] = slurp(dir, n, mat * E / blk);
-            if (!scale[m]) return 1;
+            if (!scale[m])
+                return 1;
         }
         snprintf(n, sizeof n, "%s.gs.f32", names[m]);
         gs[m] = slurp(dir, n, (size_t)E * 4);
         snprintf(n, sizeof n, "%s.is.f32", names[m]);
         is[m] = slurp(dir, n, (size_t)E * 4);
-        if (!data[m] || !gs[m] || !is[m]) return 1;
+        if (!data[m] || !gs[m] || !is[m])
+            return 1;
     }
-    if (!x || !w || !ids || !alpha || !beta) return 1;
+    if (!x || !w || !ids || !alpha || !beta)
+        return 1;
     k3_expert *ex = calloc((size_t)E, sizeof *ex);
     for (int e = 0; e < E; e++) {
         k3_qmat *q[3] = {&ex[e].w1, &ex[e].w3, &ex[e].w2};
         for (int m = 0; m < 3; m++) {
             size_t db = el ? mat * el : mat / 2;
-            *q[m] = (k3_qmat){.fmt = (k3_wfmt)fmt, .rows = m == 2 ? H : I, .cols = m == 2 ? I : H,
+            *q[m] = (k3_qmat){.fmt = (k3_wfmt)fmt,
+                              .rows = m == 2 ? H : I,
+                              .cols = m == 2 ? I : H,
                               .data = data[m] + db * e,
                               .scale = scale[m] ? scale[m] + mat / blk * e : NULL,
-                              .global_scale = gs[m][e], .input_scale = is[m][e]};
+                              .global_scale = gs[m][e],
+                              .input_scale = is[m][e]};
         }
     }
-    k3_experts bank = {.n_experts = E, .first_local = 0, .n_local = E, .hidden = H, .inter = I,
-                       .e = ex, .act = {.act = (k3_act)act, .alpha = alpha, .beta = beta}};
-    if (act != K3_ACT_SITU && act != K3_ACT_SWIGLU_BIAS) bank.act.alpha = bank.act.beta = NULL;
+    k3_experts bank = {.n_experts = E,
+                       .first_local = 0,
+                       .n_local = E,
+                       .hidden = H,
+                       .inter = I,
+                       .e = ex,
+                       .act = {.act = (k3_act)act, .alpha = alpha, .beta = beta}};
+    if (act != K3_ACT_SITU && act != K3_ACT_SWIGLU_BIAS)
+        bank.act.alpha = bank.act.beta = NULL;
     double *y = malloc((size_t)T * H * sizeof *y + 1);
     k3_error err = {0};
     if (k3_moe_experts_ref(&bank, (k3_act_mode)mode, x, T, ids, w, K, y, &err)) {
