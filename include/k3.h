@@ -154,6 +154,7 @@ typedef struct k3_model_opts {
     const int *layers;     /* decoder layers to load (0-indexed); NULL: all */
     int n_layers;          /* entries in layers */
     int progress;          /* 1: a \r progress line on stderr when the load takes over 1 s */
+    int headers_only;      /* 1: configs and tensor headers checked, no weight read (inspect) */
 } k3_model_opts;
 
 int k3_model_open(k3_model **out, const k3_model_opts *opts, k3_error *err);
@@ -173,6 +174,29 @@ typedef struct k3_model_info {
 
 int k3_model_get_info(const k3_model *m, k3_model_info *out);
 
+/* One decoder layer as the checkpoint stores it (valid after a headers_only open too). */
+typedef struct k3_layer_info {
+    const char *attn;          /* "KDA" or "MLA" */
+    const char *ffn;           /* "dense" or "MoE" */
+    int n_experts;             /* routed experts (0 for dense) */
+    const char *expert_format; /* "NVFP4", "NVFP4-CT", "MXFP4", "FP8-block", "BF16", ...; NULL if dense */
+    uint64_t bytes;            /* every tensor of the layer, scales included */
+    uint64_t expert_bytes;     /* the routed experts' part of bytes */
+} k3_layer_info;
+
+int k3_model_layer_info(const k3_model *m, int layer, k3_layer_info *out, k3_error *err);
+
+/* What expert-parallel rank `rank` of ep_size would hold (moe.md §2.6 partition): its
+ * experts [first, first + count), their bytes over all layers, and its whole share
+ * (every non-expert tensor plus those experts). */
+typedef struct k3_rank_info {
+    int first, count;
+    uint64_t expert_bytes;
+    uint64_t total_bytes;
+} k3_rank_info;
+
+int k3_model_rank_info(const k3_model *m, int ep_size, int rank, k3_rank_info *out, k3_error *err);
+
 /* ---- checkpoint writers (make-tiny, quantize) -------------------------------------- */
 
 /* Writes a complete Kimi-K3-architecture checkpoint with seeded random weights into dir:
@@ -189,6 +213,24 @@ typedef struct k3_make_tiny_opts {
 } k3_make_tiny_opts;
 
 int k3_make_tiny_checkpoint(const k3_make_tiny_opts *opts, k3_error *err);
+
+/* Converts a BF16/F16/F32 checkpoint into a published format: "nvfp4" (ModelOpt),
+ * "nvfp4-ct" (compressed-tensors), "mxfp4" (compressed-tensors) or "fp8-block" (ModelOpt
+ * FP8_PB_WO). Default selection: the routed experts (fp8-block: every linear layer); only /
+ * exclude are regular expressions (PCRE2) searched in module names. Routers, embeddings and
+ * lm_head are never quantized; every unselected tensor is copied unchanged. */
+typedef struct k3_quantize_opts {
+    const char *in, *out;
+    const char *to;
+    const char *const *only;    /* n_only patterns; a module is selected if any matches */
+    int n_only;
+    const char *const *exclude; /* n_exclude patterns; a match deselects */
+    int n_exclude;
+    int n_threads;              /* 0: online CPUs */
+    int progress;
+} k3_quantize_opts;
+
+int k3_quantize_checkpoint(const k3_quantize_opts *opts, k3_error *err);
 
 #ifdef __cplusplus
 }
