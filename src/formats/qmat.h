@@ -38,8 +38,11 @@ typedef struct k3_qmat {
 
 const char *k3_wfmt_name(k3_wfmt fmt);
 
-/* Dequantizes row r of m exactly into out[cols] (float64 for the reference; every format's
- * value is exactly representable in double, and in float too). */
+/* Dequantizes row r of m into out[cols]. float64: exact (every format's value, scales
+ * included, has at most 30 significant bits). float32: that value rounded once (NVFP4 and
+ * FP8-block products need the rounding; MXFP4 6*2^127 becomes Inf). A row that cannot be
+ * read (NULL m/data/scale, bad fmt, r outside [0, rows), cols not a multiple of the block)
+ * fills out[0..cols) with NaN (nothing when cols <= 0); the loader validates before this. */
 void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out);
 void k3_qmat_row_f32(const k3_qmat *m, int64_t r, float *out);
 

@@ -75,6 +75,39 @@ static int check_tree(const cJSON *node, int depth, const char *what, k3_error *
     return K3_OK;
 }
 
+/* cJSON is lenient where JSON is not: it skips any byte <= 0x20 between tokens, accepts raw
+ * control bytes inside strings and turns "\u0000" into a silently truncated C string. This
+ * scan rejects those before cJSON sees the text, so every k3 JSON input obeys the grammar. */
+static int lex_check(const char *h, size_t n, const char *what, k3_error *err) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)h[i];
+        if (c == '"') {
+            for (i++; i < n && h[i] != '"'; i++) {
+                unsigned char d = (unsigned char)h[i];
+                if (d < 0x20)
+                    return k3_fail(err, K3_ERR_FORMAT,
+                                   "%s: byte %zu: raw control byte 0x%02x inside a JSON string",
+                                   what, i, d);
+                if (d == '\\') {
+                    if (i + 5 < n && h[i + 1] == 'u' && !memcmp(h + i + 2, "0000", 4))
+                        return k3_fail(err, K3_ERR_FORMAT,
+                                       "%s: byte %zu: \\u0000 (NUL) inside a JSON string", what, i);
+                    i++; /* an escaped quote does not end the string */
+                }
+            }
+            i++;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || strchr("{}[]:,+-.", c) ||
+                   (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || c == 'E') {
+            i++; /* whitespace, structure, numbers and the literals true/false/null */
+        } else {
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: byte %zu: byte 0x%02x is not allowed outside a JSON string", what,
+                           i, c);
+        }
+    }
+    return K3_OK;
+}
+
 int k3_json_parse(cJSON **out, const char *text, size_t len, const char *what, k3_error *err) {
     *out = NULL;
     if (!k3_utf8_valid(text, len))
@@ -94,7 +127,8 @@ int k3_json_parse(cJSON **out, const char *text, size_t len, const char *what, k
             return k3_fail(err, K3_ERR_FORMAT, "%s: trailing bytes after the JSON value at byte %zu",
                            what, (size_t)(p - text));
         }
-    int rc = check_tree(root, 0, what, err);
+    int rc = lex_check(text, len, what, err);
+    if (!rc) rc = check_tree(root, 0, what, err);
     if (rc) {
         cJSON_Delete(root);
         return rc;

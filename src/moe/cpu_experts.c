@@ -1,0 +1,433 @@
+/* The fast CPU routed-expert operator (moe_cpu.h): validation, the counting sort of
+ * (token, slot) pairs by expert, the four parallel phases and the weighted finalize.
+ *
+ * Phases, each one parallel-for over independent outputs (so no result depends on the
+ * thread count or the schedule):
+ *  1. inputs: every token row converted once into the kernel's input layout (and, in
+ *     W4A4/W4A8, quantized and dequantized exactly as the emulated hardware would);
+ *  2. FC1: items = (active expert, block of FC1 rows); each row of w1 (and w3 when gated)
+ *     is decoded once for all of the expert's tokens and the activation is applied at once;
+ *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8);
+ *  4. FC2: items = (active expert, block of output rows);
+ *  5. finalize: y[t] = sum of w[t, slot] * row(t, slot) over the local slots, in slot order.
+ * Scratch is allocated per call; at T = 1 it is a few hundred kilobytes. */
+#include "moe/moe_cpu.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/block.h"
+#include "moe/activation.h"
+#include "moe/cpu_kern.h"
+
+#define FC1_ROWS 8  /* FC1 rows per work item (x2 matrices when gated) */
+#define FC2_ROWS 16 /* FC2 rows per work item */
+
+static const char *const isa_names[K3_ISA_COUNT] = {"auto", "scalar", "avx2", "avx512"};
+
+const char *k3_cpu_isa_name(k3_cpu_isa isa) {
+    return (unsigned)isa < K3_ISA_COUNT ? isa_names[isa] : "invalid";
+}
+
+int k3_cpu_isa_available(k3_cpu_isa isa) {
+    switch (isa) {
+    case K3_ISA_AUTO:
+    case K3_ISA_SCALAR: return 1;
+#if defined(__x86_64__)
+    case K3_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case K3_ISA_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+#endif
+    default: return 0;
+    }
+}
+
+k3_cpu_isa k3_cpu_isa_best(void) {
+    if (k3_cpu_isa_available(K3_ISA_AVX512)) return K3_ISA_AVX512;
+    if (k3_cpu_isa_available(K3_ISA_AVX2)) return K3_ISA_AVX2;
+    return K3_ISA_SCALAR;
+}
+
+typedef struct plan {
+    const k3_experts *ex;
+    k3_act_mode mode;
+    k3_dot_fn dot;
+    k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
+    int chunk; /* input layout of the kernel for this format */
+    bool gated;
+    int64_t H, I;
+    int T, k;
+    const float *x, *w;
+    float *y;
+    int n_act;          /* experts with at least one row */
+    int *act_e;         /* [n_act] local expert index */
+    int64_t *off;       /* [n_act + 1] first sorted row of each active expert */
+    int32_t *row_tok;   /* [R] token of each sorted row */
+    int64_t *slot_row;  /* [T*k] sorted row of each (token, slot), -1 when not local */
+    float *xin;         /* [T, H] inputs in kernel layout */
+    float *h;           /* [R, I] hidden rows */
+    float *y2;          /* [R, H] FC2 rows */
+    float g1, g2;       /* W4A4: activation global scales (1/max input_scale) */
+    float in1, in2;     /* factor restoring the activations' scale: 1/g in W4A4, else 1 */
+    double in1d;        /* 1/g1 in float64 (the emulation divides by g1 in float64) */
+    int64_t fc1_blocks, fc2_blocks; /* per expert */
+    float *scratch;     /* per thread: 2 * max(H, I) floats */
+    int64_t scratch_stride;
+} plan;
+
+static int64_t row_bytes(const k3_qmat *m) {
+    switch (m->fmt) {
+    case K3_WFMT_NVFP4:
+    case K3_WFMT_MXFP4: return m->cols / 2;
+    case K3_WFMT_BF16: return m->cols * 2;
+    default: return m->cols * 4;
+    }
+}
+
+static int64_t scale_cols(const k3_qmat *m) {
+    return m->fmt == K3_WFMT_NVFP4 ? m->cols / 16 : m->fmt == K3_WFMT_MXFP4 ? m->cols / 32 : 0;
+}
+
+static inline const uint8_t *row_data(const k3_qmat *m, int64_t r) {
+    return (const uint8_t *)m->data + r * row_bytes(m);
+}
+
+static inline const uint8_t *row_scale(const k3_qmat *m, int64_t r) {
+    return m->scale ? (const uint8_t *)m->scale + r * scale_cols(m) : NULL;
+}
+
+static float out_scale(const k3_qmat *m) { return m->fmt == K3_WFMT_NVFP4 ? m->global_scale : 1.0f; }
+
+/* One activation row (natural order, n long) into kernel layout `chunk`, through the
+ * mode's quantizer: W4A4 keeps code * block scale (exact; 1/g is applied after the dot),
+ * W4A8 keeps the exact MXFP8 value. tmp holds 2n floats. */
+static void convert_row(const plan *p, const float *in, int64_t n, float g, float *out,
+                        float *tmp) {
+    const float *src = in;
+    if (p->mode == K3_MODE_W4A4) {
+        uint8_t *q = (uint8_t *)tmp, *s = q + n / 2;
+        k3_nvfp4_quantize_act_row(in, n, g, q, s);
+        float *d = tmp + n;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = k3_cpu_e2m1[(q[i / 2] >> (4 * (i & 1))) & 15] * k3_cpu_e4m3[s[i / 16]];
+        src = d;
+    } else if (p->mode == K3_MODE_W4A8) {
+        uint8_t *q = (uint8_t *)tmp, *s = q + n;
+        float *d = tmp + n;
+        k3_mxfp8_quantize_row(in, n, q, s);
+        k3_mxfp8_dequantize_row(q, s, n, d);
+        src = d;
+    }
+    if (src == out && p->chunk <= 1) return;
+    if (src == out) { /* permute in place through tmp */
+        memcpy(tmp, src, (size_t)n * sizeof *tmp);
+        src = tmp;
+    }
+    for (int64_t i = 0; i < n; i++) out[k3_cpu_pos(i, n, p->chunk)] = src[i];
+}
+
+static float *thread_tmp(const plan *p, int thread) {
+    return p->scratch + (int64_t)thread * p->scratch_stride;
+}
+
+static void phase_inputs(void *ctx, int64_t b, int64_t e, int thread) {
+    const plan *p = ctx;
+    for (int64_t t = b; t < e; t++)
+        convert_row(p, p->x + t * p->H, p->H, p->g1, p->xin + t * p->H, thread_tmp(p, thread));
+}
+
+static void phase_hidden(void *ctx, int64_t b, int64_t e, int thread) {
+    const plan *p = ctx;
+    for (int64_t r = b; r < e; r++) {
+        float *row = p->h + r * p->I;
+        convert_row(p, row, p->I, p->g2, row, thread_tmp(p, thread));
+    }
+}
+
+static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    const k3_experts *ex = p->ex;
+    for (int64_t item = b; item < e; item++) {
+        int a = (int)(item / p->fc1_blocks);
+        int le = p->act_e[a];
+        const k3_expert *E = &ex->e[le];
+        float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
+        int64_t i0 = (item % p->fc1_blocks) * FC1_ROWS, i1 = i0 + FC1_ROWS;
+        if (i1 > p->I) i1 = p->I;
+        for (int64_t i = i0; i < i1; i++) {
+            for (int64_t r0 = p->off[a]; r0 < p->off[a + 1]; r0 += K3_CPU_NT) {
+                int nt = (int)(p->off[a + 1] - r0 < K3_CPU_NT ? p->off[a + 1] - r0 : K3_CPU_NT);
+                const float *xs[K3_CPU_NT];
+                float g[K3_CPU_NT], u[K3_CPU_NT] = {0};
+                for (int j = 0; j < nt; j++) xs[j] = p->xin + (int64_t)p->row_tok[r0 + j] * p->H;
+                if (p->dot64) {
+                    double gd[K3_CPU_NT], ud[K3_CPU_NT] = {0};
+                    double d1 = (double)out_scale(&E->w1) * p->in1d;
+                    double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
+                    p->dot64(row_data(&E->w1, i), row_scale(&E->w1, i), p->H, xs, nt, gd);
+                    if (p->gated)
+                        p->dot64(row_data(&E->w3, i), row_scale(&E->w3, i), p->H, xs, nt, ud);
+                    for (int j = 0; j < nt; j++)
+                        p->h[(r0 + j) * p->I + i] =
+                            (float)k3_act_f64(&ex->act, le, gd[j] * d1, ud[j] * d3);
+                    continue;
+                }
+                p->dot(row_data(&E->w1, i), row_scale(&E->w1, i), p->H, xs, nt, g);
+                if (p->gated) p->dot(row_data(&E->w3, i), row_scale(&E->w3, i), p->H, xs, nt, u);
+                for (int j = 0; j < nt; j++)
+                    p->h[(r0 + j) * p->I + i] = k3_act_f32(&ex->act, le, g[j] * s1, u[j] * s3);
+            }
+        }
+    }
+}
+
+static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    for (int64_t item = b; item < e; item++) {
+        int a = (int)(item / p->fc2_blocks);
+        const k3_qmat *w2 = &p->ex->e[p->act_e[a]].w2;
+        float s2 = out_scale(w2) * p->in2;
+        int64_t n0 = (item % p->fc2_blocks) * FC2_ROWS, n1 = n0 + FC2_ROWS;
+        if (n1 > p->H) n1 = p->H;
+        for (int64_t n = n0; n < n1; n++) {
+            for (int64_t r0 = p->off[a]; r0 < p->off[a + 1]; r0 += K3_CPU_NT) {
+                int nt = (int)(p->off[a + 1] - r0 < K3_CPU_NT ? p->off[a + 1] - r0 : K3_CPU_NT);
+                const float *xs[K3_CPU_NT];
+                float v[K3_CPU_NT];
+                for (int j = 0; j < nt; j++) xs[j] = p->h + (r0 + j) * p->I;
+                p->dot(row_data(w2, n), row_scale(w2, n), p->I, xs, nt, v);
+                for (int j = 0; j < nt; j++) p->y2[(r0 + j) * p->H + n] = v[j] * s2;
+            }
+        }
+    }
+}
+
+static void phase_finalize(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    for (int64_t t = b; t < e; t++) {
+        float *yt = p->y + t * p->H;
+        memset(yt, 0, (size_t)p->H * sizeof *yt);
+        for (int s = 0; s < p->k; s++) {
+            int64_t r = p->slot_row[t * p->k + s];
+            if (r < 0) continue;
+            float wt = p->w[t * p->k + s];
+            const float *src = p->y2 + r * p->H;
+            for (int64_t c = 0; c < p->H; c++) yt[c] += wt * src[c];
+        }
+    }
+}
+
+static const k3_cpu_kern *kern_for(k3_cpu_isa isa) {
+    switch (isa) {
+    case K3_ISA_AVX2: return &k3_cpu_kern_avx2;
+    case K3_ISA_AVX512: return &k3_cpu_kern_avx512;
+    default: return &k3_cpu_kern_scalar;
+    }
+}
+
+static int check_mat(const k3_qmat *m, const char *name, int e_global, k3_wfmt fmt,
+                     int64_t rows, int64_t cols, k3_error *err) {
+    if (m->fmt != fmt)
+        return k3_fail(err, K3_ERR_UNSUPPORTED,
+                       "experts.%d.%s: expected %s like expert 0's w1 (one format per call), "
+                       "found %s", e_global, name, k3_wfmt_name(fmt), k3_wfmt_name(m->fmt));
+    if (m->rows != rows || m->cols != cols)
+        return k3_fail(err, K3_ERR_SHAPE, "experts.%d.%s: expected [%lld, %lld], found [%lld, %lld]",
+                       e_global, name, (long long)rows, (long long)cols, (long long)m->rows,
+                       (long long)m->cols);
+    if (!m->data || ((fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) && !m->scale))
+        return k3_fail(err, K3_ERR_MISSING, "experts.%d.%s: %s is NULL", e_global, name,
+                       m->data ? "scale" : "data");
+    int blk = fmt == K3_WFMT_NVFP4 ? 16 : fmt == K3_WFMT_MXFP4 ? 32 : 1;
+    if (cols % blk)
+        return k3_fail(err, K3_ERR_SHAPE, "experts.%d.%s: %s needs columns %% %d == 0, found %lld",
+                       e_global, name, k3_wfmt_name(fmt), blk, (long long)cols);
+    if (fmt == K3_WFMT_NVFP4 && !(isfinite(m->global_scale) && m->global_scale > 0))
+        return k3_fail(err, K3_ERR_NUMERIC,
+                       "experts.%d.%s.weight_scale_2: expected finite > 0, found %g", e_global,
+                       name, (double)m->global_scale);
+    return K3_OK;
+}
+
+/* Max of a projection's input_scale over the local experts (W4A4's 1/g). */
+static int max_input_scale(const k3_experts *ex, int which, float *out, k3_error *err) {
+    float m = 0;
+    for (int le = 0; le < ex->n_local; le++) {
+        const k3_qmat *q = which == 1 ? &ex->e[le].w1 : &ex->e[le].w2;
+        float s = q->input_scale;
+        if (!(isfinite(s) && s > 0))
+            return k3_fail(err, K3_ERR_MISSING,
+                           "experts.%d.w%d.input_scale: W4A4 needs a finite value > 0, found %g",
+                           ex->first_local + le, which, (double)s);
+        if (s > m) m = s;
+    }
+    *out = m;
+    return K3_OK;
+}
+
+static int validate(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                    const int32_t *ids, const float *w, int k, const float *y, k3_error *err) {
+    if (!ex) return k3_fail(err, K3_ERR_ARG, "experts: NULL");
+    if ((unsigned)mode >= K3_MODE_COUNT)
+        return k3_fail(err, K3_ERR_ARG, "mode: expected w4a16, w4a4 or w4a8, found %d", (int)mode);
+    if (T < 0) return k3_fail(err, K3_ERR_ARG, "T: expected >= 0, found %d", T);
+    if (k < 1) return k3_fail(err, K3_ERR_ARG, "k: expected >= 1, found %d", k);
+    if (T > 0 && (!x || !ids || !w || !y))
+        return k3_fail(err, K3_ERR_ARG, "%s: NULL with T = %d", !x ? "x" : !ids ? "ids" : !w ? "w" : "y", T);
+    if (ex->n_experts < 1 || ex->n_local < 0 || ex->first_local < 0 ||
+        ex->first_local + ex->n_local > ex->n_experts)
+        return k3_fail(err, K3_ERR_ARG,
+                       "experts: local range [%d, %d) does not fit in %d experts", ex->first_local,
+                       ex->first_local + ex->n_local, ex->n_experts);
+    if (ex->hidden < 1 || ex->inter < 1)
+        return k3_fail(err, K3_ERR_SHAPE, "experts: hidden %d and inter %d must be >= 1",
+                       ex->hidden, ex->inter);
+    if (ex->n_local > 0 && !ex->e) return k3_fail(err, K3_ERR_ARG, "experts.e: NULL");
+    int rc = k3_act_params_validate(&ex->act, ex->n_local, err);
+    if (rc) return rc;
+    for (int64_t i = 0; i < (int64_t)T * k; i++)
+        if (ids[i] < 0 || ids[i] >= ex->n_experts)
+            return k3_fail(err, K3_ERR_ARG, "ids[%lld][%lld]: expected an expert id in [0, %d), found %d",
+                           (long long)(i / k), (long long)(i % k), ex->n_experts, (int)ids[i]);
+    if (ex->n_local == 0) return K3_OK;
+    k3_wfmt fmt = ex->e[0].w1.fmt;
+    if (fmt != K3_WFMT_NVFP4 && fmt != K3_WFMT_MXFP4 && fmt != K3_WFMT_BF16 && fmt != K3_WFMT_F32)
+        return k3_fail(err, K3_ERR_UNSUPPORTED,
+                       "experts.%d.w1: the CPU path reads NVFP4, MXFP4, BF16 or F32, found %s",
+                       ex->first_local, k3_wfmt_name(fmt));
+    if (mode == K3_MODE_W4A4 && fmt != K3_WFMT_NVFP4)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "mode w4a4: needs NVFP4 experts, found %s",
+                       k3_wfmt_name(fmt));
+    if (mode == K3_MODE_W4A8 && fmt != K3_WFMT_MXFP4)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "mode w4a8: needs MXFP4 experts, found %s",
+                       k3_wfmt_name(fmt));
+    bool gated = k3_act_is_gated(ex->act.act);
+    for (int le = 0; le < ex->n_local; le++) {
+        const k3_expert *E = &ex->e[le];
+        int g = ex->first_local + le;
+        if ((rc = check_mat(&E->w1, "w1", g, fmt, ex->inter, ex->hidden, err)) ||
+            (gated && (rc = check_mat(&E->w3, "w3", g, fmt, ex->inter, ex->hidden, err))) ||
+            (rc = check_mat(&E->w2, "w2", g, fmt, ex->hidden, ex->inter, err)))
+            return rc;
+    }
+    return K3_OK;
+}
+
+int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                           const int32_t *ids, const float *w, int k, float *y,
+                           k3_threadpool *pool, k3_cpu_isa isa, k3_error *err) {
+    if ((unsigned)isa >= K3_ISA_COUNT)
+        return k3_fail(err, K3_ERR_ARG, "isa: expected auto, scalar, avx2 or avx512, found %d", (int)isa);
+    if (!k3_cpu_isa_available(isa))
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "isa %s: not supported by this CPU", k3_cpu_isa_name(isa));
+    if (isa == K3_ISA_AUTO) isa = k3_cpu_isa_best();
+    int rc = validate(ex, mode, x, T, ids, w, k, y, err);
+    if (rc || T == 0) return rc;
+    k3_cpu_tables_init();
+
+    plan p = {.ex = ex, .mode = mode, .H = ex->hidden, .I = ex->inter, .T = T, .k = k,
+              .x = x, .w = w, .y = y, .in1 = 1.0f, .in2 = 1.0f, .in1d = 1.0, .g1 = 1.0f,
+              .g2 = 1.0f};
+    const k3_cpu_kern *kern = kern_for(isa);
+    k3_wfmt fmt = ex->n_local ? ex->e[0].w1.fmt : K3_WFMT_F32;
+    p.dot = fmt == K3_WFMT_NVFP4 ? kern->nvfp4 : fmt == K3_WFMT_MXFP4 ? kern->mxfp4
+          : fmt == K3_WFMT_BF16 ? kern->bf16 : kern->f32;
+    p.chunk = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_chunk : 1;
+    p.gated = k3_act_is_gated(ex->act.act);
+    if (mode == K3_MODE_W4A4) {
+        float m1, m2;
+        if ((rc = max_input_scale(ex, 1, &m1, err)) || (rc = max_input_scale(ex, 2, &m2, err)))
+            return rc;
+        p.g1 = 1.0f / m1;
+        p.g2 = 1.0f / m2;
+        p.in1 = (float)(1.0 / (double)p.g1);
+        p.in2 = (float)(1.0 / (double)p.g2);
+        p.in1d = 1.0 / (double)p.g1;
+    }
+    if (mode != K3_MODE_W4A16) p.dot64 = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_64 : kern->mxfp4_64;
+
+    /* Counting sort of the (token, slot) pairs by local expert. */
+    int64_t TK = (int64_t)T * k;
+    int nl = ex->n_local, nth = k3_threadpool_size(pool);
+    int64_t *count = calloc((size_t)nl + 1, sizeof *count);
+    p.slot_row = malloc((size_t)TK * sizeof *p.slot_row);
+    p.row_tok = malloc((size_t)(TK ? TK : 1) * sizeof *p.row_tok);
+    p.act_e = malloc(((size_t)nl + 1) * sizeof *p.act_e);
+    p.off = malloc(((size_t)nl + 2) * sizeof *p.off);
+    int64_t mx = p.H > p.I ? p.H : p.I;
+    p.scratch_stride = 2 * mx + 16;
+    p.scratch = malloc((size_t)(nth * p.scratch_stride) * sizeof *p.scratch);
+    p.xin = malloc((size_t)(T * p.H) * sizeof *p.xin);
+    if (!count || !p.slot_row || !p.row_tok || !p.act_e || !p.off || !p.scratch || !p.xin) {
+        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %d tokens", T);
+        goto done;
+    }
+    for (int64_t i = 0; i < TK; i++) {
+        int le = ids[i] - ex->first_local;
+        if (le >= 0 && le < nl) count[le]++;
+    }
+    int64_t R = 0;
+    p.n_act = 0;
+    for (int le = 0; le < nl; le++) {
+        if (!count[le]) continue;
+        p.act_e[p.n_act] = le;
+        p.off[p.n_act++] = R;
+        int64_t c = count[le];
+        count[le] = R; /* becomes the fill cursor */
+        R += c;
+    }
+    p.off[p.n_act] = R;
+    for (int64_t i = 0; i < TK; i++) { /* stable: tokens stay in order within an expert */
+        int le = ids[i] - ex->first_local;
+        if (le >= 0 && le < nl) {
+            int64_t r = count[le]++;
+            p.slot_row[i] = r;
+            p.row_tok[r] = (int32_t)(i / k);
+        } else {
+            p.slot_row[i] = -1;
+        }
+    }
+    p.h = malloc((size_t)(R ? R * p.I : 1) * sizeof *p.h);
+    p.y2 = malloc((size_t)(R ? R * p.H : 1) * sizeof *p.y2);
+    if (!p.h || !p.y2) {
+        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %lld expert rows", (long long)R);
+        goto done;
+    }
+    p.fc1_blocks = (p.I + FC1_ROWS - 1) / FC1_ROWS;
+    p.fc2_blocks = (p.H + FC2_ROWS - 1) / FC2_ROWS;
+    if (R > 0) {
+        k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_inputs, &p);
+        k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
+        if (p.chunk > 1 || mode != K3_MODE_W4A16)
+            k3_parallel_for(pool, R, 1, K3_SCHED_DYNAMIC, phase_hidden, &p);
+        k3_parallel_for(pool, p.n_act * p.fc2_blocks, 1, K3_SCHED_DYNAMIC, phase_fc2, &p);
+    }
+    k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_finalize, &p);
+    rc = K3_OK;
+done:
+    free(count);
+    free(p.slot_row);
+    free(p.row_tok);
+    free(p.act_e);
+    free(p.off);
+    free(p.scratch);
+    free(p.xin);
+    free(p.h);
+    free(p.y2);
+    return rc;
+}
+
+int k3_moe_experts_cpu(const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                       const int32_t *ids, const float *w, int k, float *y,
+                       k3_threadpool *pool, k3_error *err) {
+    return k3_moe_experts_cpu_isa(ex, mode, x, T, ids, w, k, y, pool, K3_ISA_AUTO, err);
+}

@@ -1,0 +1,181 @@
+/* AVX2 + FMA row kernels (Haswell/Zen and later), compiled with function-level target
+ * attributes and chosen at run time.
+ *
+ * 4-bit rows, one 16-element chunk = 8 bytes per step: vpmovzxbd widens them to 8 dword
+ * lanes; vpermps (8 entries, low 3 bits) gives the E2M1 magnitude of the low nibble (even
+ * elements) and, after a shift, of the high nibble (odd ones); the sign bit (bit 3 of each
+ * nibble) is moved to bit 31 and XORed in. One NVFP4 block is one chunk, so its scale is a
+ * broadcast; MXFP4 blocks span two chunks. Per token: p = wa*xa + wb*xb, acc += p*s. */
+#include "moe/cpu_kern.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define TAVX2 __attribute__((target("avx2,fma")))
+
+TAVX2 static inline void decode16(const uint8_t *q, __m256 mag, __m256i sign, __m256 *wa,
+                                  __m256 *wb) {
+    __m256i dw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    __m256i sa = _mm256_and_si256(_mm256_slli_epi32(dw, 28), sign);
+    __m256i sb = _mm256_and_si256(_mm256_slli_epi32(dw, 24), sign);
+    __m256 ma = _mm256_permutevar8x32_ps(mag, dw);
+    __m256 mb = _mm256_permutevar8x32_ps(mag, _mm256_srli_epi32(dw, 4));
+    *wa = _mm256_xor_ps(ma, _mm256_castsi256_ps(sa));
+    *wb = _mm256_xor_ps(mb, _mm256_castsi256_ps(sb));
+}
+
+TAVX2 static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
+                          const float *const *xs, int nt, float *out) {
+    const __m256 mag = _mm256_loadu_ps(k3_cpu_e2m1);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const int shift = nvfp4 ? 4 : 5; /* chunk start -> block index */
+    if (nt == 1) {
+        const float *x = xs[0];
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int64_t c = 0;
+        for (; c + 32 <= K; c += 32) {
+            __m256 wa0, wb0, wa1, wb1;
+            decode16(q + c / 2, mag, sign, &wa0, &wb0);
+            decode16(q + c / 2 + 8, mag, sign, &wa1, &wb1);
+            __m256 s0 = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
+            __m256 s1 = _mm256_broadcast_ss(&stab[sc[(c + 16) >> shift]]);
+            __m256 p0 = _mm256_mul_ps(wa0, _mm256_loadu_ps(x + c));
+            __m256 p1 = _mm256_mul_ps(wa1, _mm256_loadu_ps(x + c + 16));
+            p0 = _mm256_fmadd_ps(wb0, _mm256_loadu_ps(x + c + 8), p0);
+            p1 = _mm256_fmadd_ps(wb1, _mm256_loadu_ps(x + c + 24), p1);
+            a0 = _mm256_fmadd_ps(p0, s0, a0);
+            a1 = _mm256_fmadd_ps(p1, s1, a1);
+        }
+        for (; c < K; c += 16) {
+            __m256 wa, wb;
+            decode16(q + c / 2, mag, sign, &wa, &wb);
+            __m256 s = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
+            __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(x + c));
+            p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x + c + 8), p);
+            a0 = _mm256_fmadd_ps(p, s, a0);
+        }
+        out[0] = hsum(_mm256_add_ps(a0, a1));
+        return;
+    }
+    __m256 acc[K3_CPU_NT];
+    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += 16) {
+        __m256 wa, wb;
+        decode16(q + c / 2, mag, sign, &wa, &wb);
+        __m256 s = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
+        for (int j = 0; j < nt; j++) {
+            __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
+            p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
+            acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
+        }
+    }
+    for (int j = 0; j < nt; j++) out[j] = hsum(acc[j]);
+}
+
+TAVX2 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
+                            const float *const *xs, int nt, double *out) {
+    const __m256 mag = _mm256_loadu_ps(k3_cpu_e2m1);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const int shift = nvfp4 ? 4 : 5;
+    __m256d lo[K3_CPU_NT], hi[K3_CPU_NT];
+    for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm256_setzero_pd();
+    for (int64_t c = 0; c < K; c += 16) {
+        __m256 wa, wb;
+        decode16(q + c / 2, mag, sign, &wa, &wb);
+        __m256d s = _mm256_set1_pd(stab[sc[c >> shift]]);
+        for (int j = 0; j < nt; j++) {
+            __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
+            p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
+            lo[j] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(p)), s, lo[j]);
+            hi[j] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)), s, hi[j]);
+        }
+    }
+    for (int j = 0; j < nt; j++) {
+        __m256d v = _mm256_add_pd(lo[j], hi[j]);
+        __m128d h2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+        out[j] = _mm_cvtsd_f64(_mm_add_sd(h2, _mm_unpackhi_pd(h2, h2)));
+    }
+}
+
+TAVX2 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                              const float *const *xs, int nt, double *out) {
+    fp4_dot64(q, sc, 1, K, xs, nt, out);
+}
+
+TAVX2 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                              const float *const *xs, int nt, double *out) {
+    fp4_dot64(q, sc, 0, K, xs, nt, out);
+}
+
+TAVX2 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
+                            const float *const *xs, int nt, float *out) {
+    fp4_dot(q, sc, 1, K, xs, nt, out);
+}
+
+TAVX2 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
+                            const float *const *xs, int nt, float *out) {
+    fp4_dot(q, sc, 0, K, xs, nt, out);
+}
+
+TAVX2 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
+                           const float *const *xs, int nt, float *out) {
+    (void)sc;
+    __m256 acc[K3_CPU_NT];
+    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= K; c += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * c));
+        __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        for (int j = 0; j < nt; j++)
+            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + c), acc[j]);
+    }
+    for (int j = 0; j < nt; j++) {
+        float a = hsum(acc[j]);
+        for (int64_t t = c; t < K; t++) {
+            uint16_t b;
+            memcpy(&b, row + 2 * t, 2);
+            uint32_t u = (uint32_t)b << 16;
+            float wf;
+            memcpy(&wf, &u, 4);
+            a += wf * xs[j][t];
+        }
+        out[j] = a;
+    }
+}
+
+TAVX2 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
+                          const float *const *xs, int nt, float *out) {
+    (void)sc;
+    const float *wr = (const float *)(const void *)row;
+    __m256 acc[K3_CPU_NT];
+    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= K; c += 8) {
+        __m256 wv = _mm256_loadu_ps(wr + c);
+        for (int j = 0; j < nt; j++)
+            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + c), acc[j]);
+    }
+    for (int j = 0; j < nt; j++) {
+        float a = hsum(acc[j]);
+        for (int64_t t = c; t < K; t++) a += wr[t] * xs[j][t];
+        out[j] = a;
+    }
+}
+
+const k3_cpu_kern k3_cpu_kern_avx2 = {
+    .name = "avx2", .fp4_chunk = 16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
+    .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
+};
+#else
+const k3_cpu_kern k3_cpu_kern_avx2 = {.name = "avx2"};
+#endif

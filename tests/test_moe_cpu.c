@@ -1,0 +1,451 @@
+/* The fast CPU routed-expert path against a float64 reference, on fresh random inputs.
+ *
+ * Every kernel the CPU has (scalar, AVX2, AVX-512) x every activation (SiTU with per-expert
+ * asymmetric betas) x {NVFP4, MXFP4, BF16} x mode x T in {1, 3, 16, 255}:
+ *  - W4A16: relative L2 <= 1e-5 against float64 on the same dequantized weights;
+ *  - W4A4 (NVFP4) / W4A8 (MXFP4): relative L2 <= 1e-5 against a float64 emulation of the
+ *    same activation quantization (the hidden rounded to float32 before it is quantized).
+ * Outputs are poisoned with NaN first; a NaN left behind fails the bound (!(err <= bound)).
+ * Also: all tokens to one expert, experts with no tokens, uneven expert-parallel ranks
+ * summing to the full result, bitwise-identical results for 1, 2 and 3 threads, errors by
+ * name, and mutations (w1/w3 swapped, SiTU betas swapped) that must fail the bound.
+ * Shapes are small (H = 256, I = 192, E = 20, k = 4) to keep the suite fast. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/block.h"
+#include "formats/fp.h"
+#include "moe/activation.h"
+#include "moe/moe_cpu.h"
+
+#define H 256
+#define I 192
+#define E 20
+#define K 4
+#define TMAX 255
+#define BOUND 1e-5
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double urand(void) { /* xorshift64*, uniform in [0, 1) */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+static float nrand(void) { /* sum of uniforms: roughly normal, variance 1 */
+    double s = 0;
+    for (int i = 0; i < 12; i++) s += urand();
+    return (float)(s - 6.0);
+}
+
+/* One layer's experts in one format, owning its memory, plus the dequantized float64 weights. */
+typedef struct bank {
+    k3_wfmt fmt;
+    k3_expert ex[E];
+    void *mem[E][3];
+    void *sc[E][3];
+    double *deq[E][3]; /* w1 [I,H], w3 [I,H], w2 [H,I] */
+    float alpha[E], beta[E], limit[E];
+} bank;
+
+static void make_mat(bank *b, int e, int which, int64_t rows, int64_t cols, const float *wf) {
+    k3_qmat *m = which == 0 ? &b->ex[e].w1 : which == 1 ? &b->ex[e].w3 : &b->ex[e].w2;
+    k3_error err = {0};
+    memset(m, 0, sizeof *m);
+    m->fmt = b->fmt;
+    m->rows = rows;
+    m->cols = cols;
+    m->global_scale = 1.0f;
+    if (b->fmt == K3_WFMT_NVFP4) {
+        uint8_t *q = malloc((size_t)(rows * cols / 2)), *s = malloc((size_t)(rows * cols / 16));
+        assert_int_equal(k3_nvfp4_quantize_weight(wf, rows, cols, q, s, &m->global_scale, &err), 0);
+        b->mem[e][which] = q;
+        b->sc[e][which] = s;
+        m->data = q;
+        m->scale = s;
+        /* input_scale = amax/(6*448): per expert different so "max over local experts" matters */
+        m->input_scale = (which == 2 ? 3.0f : 4.5f) * (1.0f + 0.03f * (float)e) / 2688.0f;
+    } else if (b->fmt == K3_WFMT_MXFP4) {
+        uint8_t *q = malloc((size_t)(rows * cols / 2)), *s = malloc((size_t)(rows * cols / 32));
+        assert_int_equal(k3_mxfp4_quantize(wf, rows, cols, q, s, &err), 0);
+        b->mem[e][which] = q;
+        b->sc[e][which] = s;
+        m->data = q;
+        m->scale = s;
+    } else {
+        uint16_t *q = malloc((size_t)(rows * cols) * 2);
+        for (int64_t i = 0; i < rows * cols; i++) q[i] = k3_f32_to_bf16(wf[i]);
+        b->mem[e][which] = q;
+        m->data = q;
+    }
+    double *d = malloc((size_t)(rows * cols) * sizeof *d);
+    for (int64_t r = 0; r < rows; r++) k3_qmat_row_f64(m, r, d + r * cols);
+    b->deq[e][which] = d;
+}
+
+static bank *make_bank(k3_wfmt fmt) {
+    bank *b = calloc(1, sizeof *b);
+    b->fmt = fmt;
+    float *wf = malloc(sizeof(float) * I * H);
+    for (int e = 0; e < E; e++) {
+        for (int which = 0; which < 3; which++) {
+            int64_t rows = which == 2 ? H : I, cols = which == 2 ? I : H;
+            float sd = 1.0f / sqrtf((float)cols);
+            for (int64_t i = 0; i < rows * cols; i++) wf[i] = nrand() * sd;
+            make_mat(b, e, which, rows, cols, wf);
+        }
+        b->alpha[e] = 2.5f + 0.1f * (float)e; /* SiTU gate-side beta / SwigluBias alpha */
+        b->beta[e] = 7.0f + 0.25f * (float)e; /* SiTU linear beta / SwigluBias beta */
+        b->limit[e] = 3.0f + 0.1f * (float)e;
+    }
+    free(wf);
+    return b;
+}
+
+static void free_bank(bank *b) {
+    for (int e = 0; e < E; e++)
+        for (int w = 0; w < 3; w++) {
+            free(b->mem[e][w]);
+            free(b->sc[e][w]);
+            free(b->deq[e][w]);
+        }
+    free(b);
+}
+
+static k3_experts experts_of(bank *b, k3_act act, int first, int n) {
+    k3_experts ex = {.n_experts = E, .first_local = first, .n_local = n, .hidden = H, .inter = I,
+                     .e = b->ex + first};
+    ex.act.act = act;
+    if (act == K3_ACT_SITU || act == K3_ACT_SWIGLU_BIAS) {
+        ex.act.alpha = b->alpha + first;
+        ex.act.beta = b->beta + first;
+    }
+    if (act == K3_ACT_SWIGLU_BIAS) ex.act.limit = b->limit + first;
+    return ex;
+}
+
+/* float64 emulation of an activation row as the mode quantizes it (g: global scale). */
+static void emulate_row(k3_act_mode mode, const float *in, int64_t n, float g, double *out) {
+    uint8_t q[H], s[H];
+    if (mode == K3_MODE_W4A4) {
+        k3_nvfp4_quantize_act_row(in, n, g, q, s);
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (double)k3_e2m1_to_f32((uint8_t)(q[i / 2] >> (4 * (i & 1)))) *
+                     (double)k3_e4m3_to_f32(s[i / 16]) / (double)g;
+    } else if (mode == K3_MODE_W4A8) {
+        k3_mxfp8_quantize_row(in, n, q, s);
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (double)k3_e4m3_to_f32(q[i]) * (double)k3_e8m0_to_f32(s[i / 32]);
+    } else {
+        for (int64_t i = 0; i < n; i++) out[i] = in[i];
+    }
+}
+
+/* The readable float64 reference: per token, per selected local expert, no shortcuts. */
+static void reference(bank *b, const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                      const int32_t *ids, const float *w, double *y) {
+    float g1 = 1, g2 = 1;
+    if (mode == K3_MODE_W4A4) {
+        float m1 = 0, m2 = 0;
+        for (int le = 0; le < ex->n_local; le++) {
+            m1 = fmaxf(m1, ex->e[le].w1.input_scale);
+            m2 = fmaxf(m2, ex->e[le].w2.input_scale);
+        }
+        g1 = 1.0f / m1;
+        g2 = 1.0f / m2;
+    }
+    int gated = k3_act_is_gated(ex->act.act);
+    double xd[H], hd[I], o;
+    float hf[I];
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < H; c++) y[t * H + c] = 0;
+        emulate_row(mode, x + t * H, H, g1, xd);
+        for (int s = 0; s < K; s++) {
+            int ge = ids[t * K + s], le = ge - ex->first_local;
+            if (le < 0 || le >= ex->n_local) continue;
+            const double *w1 = b->deq[ge][0], *w3 = b->deq[ge][1], *w2 = b->deq[ge][2];
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0;
+                for (int c = 0; c < H; c++) g += w1[i * H + c] * xd[c];
+                if (gated)
+                    for (int c = 0; c < H; c++) u += w3[i * H + c] * xd[c];
+                hd[i] = k3_act_f64(&ex->act, le, g, u);
+                hf[i] = (float)hd[i];
+            }
+            if (mode != K3_MODE_W4A16) emulate_row(mode, hf, I, g2, hd);
+            for (int n = 0; n < H; n++) {
+                o = 0;
+                for (int i = 0; i < I; i++) o += w2[n * I + i] * hd[i];
+                y[t * H + n] += (double)w[t * K + s] * o;
+            }
+        }
+    }
+}
+
+static double rel_l2(const float *y, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)y[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1e-300));
+}
+
+static float X[TMAX * H], W[TMAX * K], Y[TMAX * H], Y2[TMAX * H];
+static int32_t IDS[TMAX * K];
+static double REF[TMAX * H];
+
+static void random_inputs(int T) {
+    for (int i = 0; i < T * H; i++) X[i] = nrand();
+    for (int t = 0; t < T; t++) {
+        for (int s = 0; s < K; s++) {
+            int id, dup;
+            do { /* distinct experts per token, as top-k gives */
+                id = (int)(urand() * E);
+                dup = 0;
+                for (int j = 0; j < s; j++) dup |= IDS[t * K + j] == id;
+            } while (dup);
+            IDS[t * K + s] = id;
+            W[t * K + s] = (float)(0.1 + urand());
+        }
+    }
+}
+
+static void poison(float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = NAN;
+}
+
+static k3_threadpool *POOL;
+
+static double run_cpu(const k3_experts *ex, k3_act_mode mode, int T, k3_cpu_isa isa, float *y) {
+    k3_error err = {0};
+    poison(y, (int64_t)T * H);
+    int rc = k3_moe_experts_cpu_isa(ex, mode, X, T, IDS, W, K, y, POOL, isa, &err);
+    if (rc) fprintf(stderr, "k3_moe_experts_cpu: %s\n", err.msg);
+    assert_int_equal(rc, K3_OK);
+    return rel_l2(y, REF, (int64_t)T * H);
+}
+
+static const k3_act ACTS[] = {K3_ACT_IDENTITY, K3_ACT_GELU,        K3_ACT_RELU,
+                              K3_ACT_SILU,     K3_ACT_SWIGLU,      K3_ACT_GEGLU,
+                              K3_ACT_RELU2,    K3_ACT_SWIGLU_BIAS, K3_ACT_SITU};
+static const k3_cpu_isa ISAS[] = {K3_ISA_SCALAR, K3_ISA_AVX2, K3_ISA_AVX512};
+
+static void variants(k3_wfmt fmt, k3_act_mode mode) {
+    static const int Ts[] = {1, 3, 16, 255};
+    bank *b = make_bank(fmt);
+    int runs = 0;
+    double worst = 0;
+    for (size_t a = 0; a < sizeof ACTS / sizeof *ACTS; a++) {
+        k3_experts ex = experts_of(b, ACTS[a], 0, E);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+            int T = Ts[ti];
+            if (T == 255 && ACTS[a] != K3_ACT_SITU && ACTS[a] != K3_ACT_SWIGLU) continue;
+            random_inputs(T);
+            reference(b, &ex, mode, X, T, IDS, W, REF);
+            for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++) {
+                if (!k3_cpu_isa_available(ISAS[k])) continue;
+                double r = run_cpu(&ex, mode, T, ISAS[k], Y);
+                if (!(r <= BOUND))
+                    fail_msg("%s %s %s mode %d T=%d: rel L2 %.3g > %g", k3_cpu_isa_name(ISAS[k]),
+                             k3_wfmt_name(fmt), k3_act_name(ACTS[a]), (int)mode, T, r, BOUND);
+                runs++;
+                if (r > worst) worst = r;
+            }
+        }
+    }
+    assert_true(runs > 0);
+    fprintf(stderr, "moe_cpu: %s mode %d: %d runs, worst rel L2 %.3g (bound %g)\n",
+            k3_wfmt_name(fmt), (int)mode, runs, worst, BOUND);
+    free_bank(b);
+}
+
+static void test_nvfp4_w4a16(void **s) { (void)s; variants(K3_WFMT_NVFP4, K3_MODE_W4A16); }
+static void test_mxfp4_w4a16(void **s) { (void)s; variants(K3_WFMT_MXFP4, K3_MODE_W4A16); }
+static void test_bf16_w4a16(void **s) { (void)s; variants(K3_WFMT_BF16, K3_MODE_W4A16); }
+static void test_nvfp4_w4a4(void **s) { (void)s; variants(K3_WFMT_NVFP4, K3_MODE_W4A4); }
+static void test_mxfp4_w4a8(void **s) { (void)s; variants(K3_WFMT_MXFP4, K3_MODE_W4A8); }
+
+/* All tokens to one expert (slot 0 of every token) and, in a second case, every slot of
+ * every token to only two experts (the other 18 get no tokens). */
+static void test_skewed_routing(void **s) {
+    (void)s;
+    bank *b = make_bank(K3_WFMT_NVFP4);
+    k3_experts ex = experts_of(b, K3_ACT_SITU, 0, E);
+    int T = 37;
+    random_inputs(T);
+    for (int t = 0; t < T; t++) IDS[t * K] = 7;
+    for (int t = 0; t < T; t++) /* keep slots distinct from 7 */
+        for (int j = 1; j < K; j++)
+            if (IDS[t * K + j] == 7) IDS[t * K + j] = (7 + j) % E;
+    reference(b, &ex, K3_MODE_W4A16, X, T, IDS, W, REF);
+    for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++)
+        if (k3_cpu_isa_available(ISAS[k])) assert_true(run_cpu(&ex, K3_MODE_W4A16, T, ISAS[k], Y) <= BOUND);
+    for (int i = 0; i < T * K; i++) IDS[i] = i % 2 ? 0 : E - 1;
+    reference(b, &ex, K3_MODE_W4A16, X, T, IDS, W, REF);
+    for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++)
+        if (k3_cpu_isa_available(ISAS[k])) assert_true(run_cpu(&ex, K3_MODE_W4A16, T, ISAS[k], Y) <= BOUND);
+    free_bank(b);
+}
+
+/* Expert-parallel ranks, uneven splits: the sum over ranks equals the single-rank result
+ * within fp32 rounding (relative L2 <= 1e-6), and each rank matches its own reference. */
+static void test_ep_ranks_sum(void **s) {
+    (void)s;
+    static const int splits[][4] = {{7, 7, 6, 0}, {3, 11, 6, 0}, {1, 18, 1, 0}};
+    k3_act_mode modes[] = {K3_MODE_W4A16, K3_MODE_W4A4};
+    bank *b = make_bank(K3_WFMT_NVFP4);
+    int T = 16;
+    random_inputs(T);
+    for (size_t m = 0; m < 2; m++) {
+        k3_experts full = experts_of(b, K3_ACT_SITU, 0, E);
+        k3_error err = {0};
+        poison(Y, T * H);
+        assert_int_equal(k3_moe_experts_cpu(&full, modes[m], X, T, IDS, W, K, Y, POOL, &err), 0);
+        for (size_t sp = 0; sp < sizeof splits / sizeof *splits; sp++) {
+            static float sum[TMAX * H];
+            memset(sum, 0, sizeof sum);
+            for (int r = 0, first = 0; splits[sp][r]; first += splits[sp][r], r++) {
+                k3_experts rank = experts_of(b, K3_ACT_SITU, first, splits[sp][r]);
+                poison(Y2, T * H);
+                assert_int_equal(k3_moe_experts_cpu(&rank, modes[m], X, T, IDS, W, K, Y2, POOL, &err), 0);
+                if (modes[m] == K3_MODE_W4A16) { /* W4A4's g depends on the rank's experts */
+                    reference(b, &rank, modes[m], X, T, IDS, W, REF);
+                    assert_true(rel_l2(Y2, REF, T * H) <= BOUND);
+                }
+                for (int i = 0; i < T * H; i++) sum[i] += Y2[i];
+            }
+            double num = 0, den = 0; /* the sum against the one-rank run */
+            for (int i = 0; i < T * H; i++) {
+                double d = (double)sum[i] - Y[i];
+                num += d * d;
+                den += (double)Y[i] * Y[i];
+            }
+            double r = sqrt(num / den);
+            if (modes[m] == K3_MODE_W4A16 && !(r <= 1e-6))
+                fail_msg("EP split %zu: sum of ranks differs from one rank: rel L2 %.3g", sp, r);
+            /* W4A4: each rank takes g over its own experts (moe.md §2.2), so the sum is only
+             * close; the bound is the activation quantization's, not fp32's. */
+            if (modes[m] == K3_MODE_W4A4 && !(r <= 0.2))
+                fail_msg("EP split %zu W4A4: rel L2 %.3g", sp, r);
+        }
+    }
+    free_bank(b);
+}
+
+/* The same call on 1, 2 and 3 threads gives bit-identical outputs, for every kernel. */
+static void test_threads_identical(void **s) {
+    (void)s;
+    bank *b = make_bank(K3_WFMT_NVFP4);
+    k3_experts ex = experts_of(b, K3_ACT_SITU, 0, E);
+    int T = 19;
+    random_inputs(T);
+    for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++) {
+        if (!k3_cpu_isa_available(ISAS[k])) continue;
+        k3_error err = {0};
+        poison(Y, T * H);
+        assert_int_equal(k3_moe_experts_cpu_isa(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y, NULL, ISAS[k], &err), 0);
+        for (int n = 2; n <= 3; n++) {
+            k3_threadpool *p = NULL;
+            assert_int_equal(k3_threadpool_create(n, &p, &err), 0);
+            poison(Y2, T * H);
+            assert_int_equal(k3_moe_experts_cpu_isa(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y2, p, ISAS[k], &err), 0);
+            assert_memory_equal(Y, Y2, sizeof(float) * T * H);
+            k3_threadpool_free(p);
+        }
+    }
+    free_bank(b);
+}
+
+/* Mutations the bound must catch: FC1's w1 and w3 swapped, SiTU's two betas swapped. */
+static void test_mutations_fail(void **s) {
+    (void)s;
+    bank *b = make_bank(K3_WFMT_NVFP4);
+    k3_experts ex = experts_of(b, K3_ACT_SITU, 0, E);
+    int T = 8;
+    random_inputs(T);
+    reference(b, &ex, K3_MODE_W4A16, X, T, IDS, W, REF);
+    k3_expert swapped[E];
+    for (int e = 0; e < E; e++) {
+        swapped[e] = b->ex[e];
+        swapped[e].w1 = b->ex[e].w3;
+        swapped[e].w3 = b->ex[e].w1;
+    }
+    k3_experts m1 = ex;
+    m1.e = swapped;
+    assert_false(run_cpu(&m1, K3_MODE_W4A16, T, K3_ISA_AUTO, Y) <= 1e-2);
+    k3_experts m2 = ex;
+    m2.act.alpha = b->beta;
+    m2.act.beta = b->alpha;
+    assert_false(run_cpu(&m2, K3_MODE_W4A16, T, K3_ISA_AUTO, Y) <= 1e-2);
+    assert_true(run_cpu(&ex, K3_MODE_W4A16, T, K3_ISA_AUTO, Y) <= BOUND);
+    free_bank(b);
+}
+
+static void test_errors(void **s) {
+    (void)s;
+    bank *b = make_bank(K3_WFMT_MXFP4);
+    k3_experts ex = experts_of(b, K3_ACT_SITU, 0, E);
+    k3_error err = {0};
+    int T = 2;
+    random_inputs(T);
+    IDS[3] = E;
+    assert_int_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y, POOL, &err), K3_ERR_ARG);
+    assert_non_null(strstr(err.msg, "ids[0][3]"));
+    IDS[3] = -1;
+    assert_int_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y, POOL, &err), K3_ERR_ARG);
+    IDS[3] = 1;
+    assert_int_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A4, X, T, IDS, W, K, Y, POOL, &err), K3_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "w4a4"));
+    ex.act.beta = NULL; /* SiTU without its linear beta */
+    assert_int_not_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y, POOL, &err), K3_OK);
+    ex = experts_of(b, K3_ACT_SITU, 0, E);
+    k3_expert saved = b->ex[3];
+    b->ex[3].w2.cols = I - 32;
+    assert_int_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y, POOL, &err), K3_ERR_SHAPE);
+    assert_non_null(strstr(err.msg, "experts.3.w2"));
+    b->ex[3] = saved;
+    assert_int_equal(k3_moe_experts_cpu_isa(&ex, K3_MODE_W4A16, X, T, IDS, W, K, Y, POOL, K3_ISA_COUNT, &err), K3_ERR_ARG);
+    free_bank(b);
+
+    bank *nv = make_bank(K3_WFMT_NVFP4);
+    ex = experts_of(nv, K3_ACT_SWIGLU, 0, E);
+    nv->ex[5].w2.input_scale = 0;
+    assert_int_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A4, X, T, IDS, W, K, Y, POOL, &err), K3_ERR_MISSING);
+    assert_non_null(strstr(err.msg, "experts.5.w2.input_scale"));
+    assert_int_equal(k3_moe_experts_cpu(&ex, K3_MODE_W4A8, X, T, IDS, W, K, Y, POOL, &err), K3_ERR_UNSUPPORTED);
+    free_bank(nv);
+}
+
+static int setup(void **s) {
+    (void)s;
+    k3_error err = {0};
+    return k3_threadpool_create(2, &POOL, &err);
+}
+static int teardown(void **s) {
+    (void)s;
+    k3_threadpool_free(POOL);
+    return 0;
+}
+
+int main(void) {
+    fprintf(stderr, "moe_cpu: kernels on this CPU: scalar%s%s\n",
+            k3_cpu_isa_available(K3_ISA_AVX2) ? ", avx2" : "",
+            k3_cpu_isa_available(K3_ISA_AVX512) ? ", avx512" : "");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nvfp4_w4a16),  cmocka_unit_test(test_mxfp4_w4a16),
+        cmocka_unit_test(test_bf16_w4a16),   cmocka_unit_test(test_nvfp4_w4a4),
+        cmocka_unit_test(test_mxfp4_w4a8),   cmocka_unit_test(test_skewed_routing),
+        cmocka_unit_test(test_ep_ranks_sum), cmocka_unit_test(test_threads_identical),
+        cmocka_unit_test(test_mutations_fail), cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests_name("moe_cpu", tests, setup, teardown);
+}
