@@ -1,16 +1,16 @@
 /* The GPU MoE backends (cuda grouped, cuda-fused) and the routing kernel against float64
  * references, on fresh random experts through the real upload path.
  *
- * The oracle here is a local float64 loop over exactly dequantized weights (own E2M1 /
- * E4M3 / E8M0 decoders, independent of src/formats), because k3_moe_experts_ref (moeref)
- * and the quantizers (formats) had not landed when this was written; it follows moe.h's
- * operator and moe.md's functors. Metric: relative L2 over the whole output,
- * ||y - ref|| / ||ref||, NaN fails. Bounds: w4a16 1e-5 (the CPU bound; the GPU adds only
- * fp32 accumulation in another order and the ~2^-22 two-term fp16 split of activations);
- * w4a4 1e-3 (activation codes are bit-identical except where fp32 accumulation order moves
- * an h value across an E2M1 rounding boundary, which flips one code). Outputs are poisoned
- * with NaN before every run. On a machine without a GPU every test skips with a line
- * saying so. */
+ * Oracle: k3_moe_experts_ref (src/moe/reference.c, float64 over exactly dequantized weights,
+ * the W4A4 activation quantization emulated as TensorRT-LLM runs it). Metric: relative L2
+ * over the whole output, ||y - ref|| / ||ref||, NaN fails. Bounds: w4a16 1e-5 (the CPU
+ * bound; the GPU adds only fp32 accumulation in another order, split-K partial sums, and the
+ * ~2^-22 two-term fp16 split of activations); w4a4 1e-3 (activation codes are bit-identical
+ * except where fp32 accumulation order moves an h value across an E2M1 rounding boundary,
+ * which flips one code). Outputs are poisoned with NaN before every run. Expert bytes are
+ * random codes with random scales (NVFP4 including E4M3 subnormal and large scales; MXFP4
+ * with an all-zero block of exponent 2^-127). On a machine without a GPU every test skips
+ * with a line saying so. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "cuda/k3_cuda.h"
+#include "moe/moe.h"
 
 /* ---- environment --------------------------------------------------------------------------- */
 
@@ -54,58 +55,6 @@ static uint64_t rnd(void) {
 }
 static double urand(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
 
-/* ---- independent decoders / encoders -------------------------------------------------------- */
-
-static double e2m1_val(int c) {
-    static const double v[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-    return (c & 8 ? -1 : 1) * v[c & 7];
-}
-static double e4m3_val(uint8_t b) {
-    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1 + m / 8.0, e - 7);
-    return s ? -v : v;
-}
-/* round-to-nearest-even E4M3 of x >= 0, saturating at 448 */
-static uint8_t e4m3_enc(double x) {
-    if (x >= 448) return 0x7E;
-    int best = 0;
-    double bd = INFINITY;
-    for (int c = 0; c < 0x7F; c++) {
-        double d = fabs(e4m3_val((uint8_t)c) - x);
-        if (d < bd || (d == bd && (c & 1) == 0)) bd = d, best = c;
-    }
-    return (uint8_t)best;
-}
-static float e2m1_rne(float a) {
-    if (a <= 0.25f) return 0.f;
-    if (a < 0.75f) return 0.5f;
-    if (a <= 1.25f) return 1.f;
-    if (a < 1.75f) return 1.5f;
-    if (a <= 2.5f) return 2.f;
-    if (a < 3.5f) return 3.f;
-    if (a <= 5.f) return 4.f;
-    return 6.f;
-}
-/* NVFP4 activation quantize-dequantize of one row (TensorRT-LLM's rule), in float as the
- * kernel computes it, result x_deq = code * s / g in double. */
-static void nvfp4_act_row(const float *x, int K, float g, double *out) {
-    for (int b = 0; b < K / 16; b++) {
-        float am = 0.f;
-        for (int i = 0; i < 16; i++) am = fmaxf(am, fabsf(x[b * 16 + i]));
-        float sf = g * am / 6.f;
-        double sd = e4m3_val(e4m3_enc(sf));
-        for (int i = 0; i < 16; i++) {
-            float c = 0.f;
-            if (sd != 0) {
-                float q = x[b * 16 + i] * g / (float)sd;
-                q = fminf(fmaxf(q, -6.f), 6.f);
-                c = copysignf(e2m1_rne(fabsf(q)), q);
-            }
-            out[b * 16 + i] = (double)c * sd / g;
-        }
-    }
-}
-
 /* ---- random experts ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -114,7 +63,6 @@ typedef struct {
     uint8_t **bufs;
     int nbufs;
     float *alpha, *beta, *limit;
-    double *w1, *w3, *w2; /* dequantized [n_local][I*H], [..][I*H], [..][H*I] */
 } model;
 
 static void *mbuf(model *m, size_t n) {
@@ -122,7 +70,7 @@ static void *mbuf(model *m, size_t n) {
     return m->bufs[m->nbufs++] = calloc(n, 1);
 }
 
-static void rand_mat(model *m, k3_qmat *q, int rows, int cols, k3_wfmt fmt, double *deq) {
+static void rand_mat(model *m, k3_qmat *q, int rows, int cols, k3_wfmt fmt) {
     q->fmt = fmt;
     q->rows = rows;
     q->cols = cols;
@@ -149,29 +97,16 @@ static void rand_mat(model *m, k3_qmat *q, int rows, int cols, k3_wfmt fmt, doub
     q->scale = s;
     q->global_scale = fmt == K3_WFMT_NVFP4 ? (float)(0.002 + 0.01 * urand()) : 1.f;
     q->input_scale = fmt == K3_WFMT_NVFP4 ? (float)(0.5 + urand()) / (6 * 448) * 4 : 0.f;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            int code = (d[(size_t)r * cols / 2 + c / 2] >> (4 * (c & 1))) & 15;
-            double sc = fmt == K3_WFMT_NVFP4 ? e4m3_val(s[r * nb + c / 16]) * q->global_scale
-                                             : ldexp(1.0, (int)s[r * nb + c / 32] - 127);
-            deq[(size_t)r * cols + c] = e2m1_val(code) * sc;
-        }
-}
-
-static int act_gated(k3_act a) {
-    return a == K3_ACT_SWIGLU || a == K3_ACT_GEGLU || a == K3_ACT_SWIGLU_BIAS || a == K3_ACT_SITU;
 }
 
 static void model_make(model *m, int E, int first, int nl, int H, int I, k3_wfmt fmt, k3_act act) {
     memset(m, 0, sizeof *m);
     m->e = calloc(nl, sizeof *m->e);
-    m->w1 = malloc(sizeof(double) * nl * I * H);
-    m->w3 = malloc(sizeof(double) * nl * I * H);
-    m->w2 = malloc(sizeof(double) * nl * I * H);
     for (int e = 0; e < nl; e++) {
-        rand_mat(m, &m->e[e].w1, I, H, fmt, m->w1 + (size_t)e * I * H);
-        rand_mat(m, &m->e[e].w3, I, H, fmt, m->w3 + (size_t)e * I * H);
-        rand_mat(m, &m->e[e].w2, H, I, fmt, m->w2 + (size_t)e * I * H);
+        rand_mat(m, &m->e[e].w1, I, H, fmt);
+        rand_mat(m, &m->e[e].w3, I, H, fmt);
+        m->e[e].w3.input_scale = m->e[e].w1.input_scale; /* one FC1 activation scale */
+        rand_mat(m, &m->e[e].w2, H, I, fmt);
     }
     m->alpha = malloc(sizeof(float) * nl);
     m->beta = malloc(sizeof(float) * nl);
@@ -198,76 +133,17 @@ static void model_free(model *m) {
     for (int i = 0; i < m->nbufs; i++) free(m->bufs[i]);
     free(m->bufs);
     free(m->e);
-    free(m->w1), free(m->w3), free(m->w2);
     free(m->alpha), free(m->beta), free(m->limit);
 }
 
 /* ---- float64 reference ---------------------------------------------------------------------- */
 
-static double sig(double x) { return 1 / (1 + exp(-x)); }
-static double gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
-
-static double act_ref(const model *m, int e, double g, double u) {
-    double a = m->ex.act.alpha ? m->ex.act.alpha[e] : 1, b = m->ex.act.beta ? m->ex.act.beta[e] : 0;
-    double l = m->ex.act.limit ? m->ex.act.limit[e] : INFINITY;
-    switch (m->ex.act.act) {
-    case K3_ACT_SWIGLU: return g * sig(g) * u;
-    case K3_ACT_GEGLU: return gelu(g) * u;
-    case K3_ACT_SWIGLU_BIAS: {
-        double gg = fmin(g, l), uu = fmin(fmax(u, -l), l);
-        return gg * sig(a * gg) * (uu + b);
-    }
-    case K3_ACT_SITU: return a * tanh(g / a) * sig(g) * (b * tanh(u / b));
-    case K3_ACT_SILU: return g * sig(g);
-    case K3_ACT_GELU: return gelu(g);
-    case K3_ACT_RELU: return fmax(g, 0);
-    case K3_ACT_RELU2: return fmax(g, 0) * fmax(g, 0);
-    default: return g;
-    }
-}
-
 static void ref_run(const model *m, k3_act_mode mode, const float *x, int T, const int32_t *ids, const float *w,
                     int k, double *y) {
-    const int H = m->ex.hidden, I = m->ex.inter, gated = act_gated(m->ex.act.act);
-    float g1 = 0, g2 = 0;
-    if (mode == K3_MODE_W4A4) {
-        float a1 = 0, a2 = 0;
-        for (int e = 0; e < m->ex.n_local; e++) {
-            a1 = fmaxf(a1, m->e[e].w1.input_scale);
-            a2 = fmaxf(a2, m->e[e].w2.input_scale);
-        }
-        g1 = 1.f / a1, g2 = 1.f / a2;
-    }
-    double *xd = malloc(sizeof(double) * H), *h = malloc(sizeof(double) * I);
-    float *hf = malloc(sizeof(float) * I);
-    for (size_t i = 0; i < (size_t)T * H; i++) y[i] = 0;
-    for (int t = 0; t < T; t++) {
-        if (mode == K3_MODE_W4A4) nvfp4_act_row(x + (size_t)t * H, H, g1, xd);
-        else
-            for (int c = 0; c < H; c++) xd[c] = x[(size_t)t * H + c];
-        for (int j = 0; j < k; j++) {
-            int e = ids[t * k + j] - m->ex.first_local;
-            if (e < 0 || e >= m->ex.n_local) continue;
-            const double *w1 = m->w1 + (size_t)e * I * H, *w3 = m->w3 + (size_t)e * I * H, *w2 = m->w2 + (size_t)e * I * H;
-            for (int i = 0; i < I; i++) {
-                double g = 0, u = 0;
-                for (int c = 0; c < H; c++) g += w1[(size_t)i * H + c] * xd[c];
-                if (gated)
-                    for (int c = 0; c < H; c++) u += w3[(size_t)i * H + c] * xd[c];
-                h[i] = act_ref(m, e, g, u);
-            }
-            if (mode == K3_MODE_W4A4) {
-                for (int i = 0; i < I; i++) hf[i] = (float)h[i];
-                nvfp4_act_row(hf, I, g2, h);
-            }
-            for (int c = 0; c < H; c++) {
-                double o = 0;
-                for (int i = 0; i < I; i++) o += w2[(size_t)c * I + i] * h[i];
-                y[(size_t)t * H + c] += w[t * k + j] * o;
-            }
-        }
-    }
-    free(xd), free(h), free(hf);
+    k3_error err = {0};
+    int rc = k3_moe_experts_ref(&m->ex, mode, x, T, ids, w, k, y, &err);
+    if (rc) fprintf(stderr, "reference: %s\n", err.msg);
+    assert_int_equal(rc, K3_OK);
 }
 
 static double rel_l2(const float *y, const double *ref, size_t n) {
@@ -438,16 +314,9 @@ static void test_ep_rank_subsets(void **s) {
     for (int b = 0; b < 2; b++) {
         for (int r = 0; r < 2; r++) {
             model part = full;
-            part.ex.first_local = first[r];
-            part.ex.n_local = nloc[r];
-            part.ex.e = full.e + first[r];
-            part.ex.act.alpha = full.alpha + first[r];
-            part.ex.act.beta = full.beta + first[r];
-            part.w1 = full.w1 + (size_t)first[r] * I * H;
-            part.w3 = full.w3 + (size_t)first[r] * I * H;
-            part.w2 = full.w2 + (size_t)first[r] * I * H;
-            k3_cuda_moe *cm = NULL;
             k3_error err = {0};
+            assert_int_equal(k3_experts_view(&full.ex, first[r], nloc[r], &part.ex, &err), K3_OK);
+            k3_cuda_moe *cm = NULL;
             assert_int_equal(k3_cuda_moe_create(&part.ex, &cm, &err), K3_OK);
             float *y = r ? y1 : y0;
             for (int i = 0; i < T * H; i++) y[i] = NAN;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "moe/activation.h"
 #include "moe/moe.h"
 }
 
@@ -66,6 +67,10 @@ struct MoeRun {
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
 };
+
+/* FC1 rows per expert (2I gated, I otherwise): the one table's rule, moe/activation.h. The
+ * kernels read the result as MoeDev.gated / m1, never a private gated set. */
+static inline int moe_fc1_rows(k3_act act, int inter) { return (int)k3_act_fc1_rows(act, inter); }
 
 /* ---- small device helpers ----------------------------------------------------------- */
 
@@ -218,10 +223,6 @@ __device__ __forceinline__ float act_plain(float x) {
     if (ACT == K3_ACT_RELU) return fmaxf(x, 0.f);
     if (ACT == K3_ACT_RELU2) { float r = fmaxf(x, 0.f); return r * r; }
     return x; /* identity */
-}
-
-__host__ __device__ constexpr bool act_is_gated(int a) {
-    return a == K3_ACT_SWIGLU || a == K3_ACT_GEGLU || a == K3_ACT_SWIGLU_BIAS || a == K3_ACT_SITU;
 }
 
 /* ---- activation rows into the B fragment layout ------------------------------------------ */
@@ -476,7 +477,7 @@ __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int 
     for (int i = threadIdx.x; i < I; i += blockDim.x) {
         float g = 0.f, u = 0.f, v;
         for (int s = 0; s < KS; s++) g += src[s * stride + i];
-        if (act_is_gated(ACT)) {
+        if (m.gated) { /* set at upload from k3_act_is_gated */
             for (int s = 0; s < KS; s++) u += src[s * stride + I + i];
             v = act_gated<ACT>(g, u, al, be, li);
         } else {

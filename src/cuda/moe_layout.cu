@@ -19,6 +19,7 @@
 
 extern "C" {
 #include "base/base.h"
+#include "moe/activation.h"
 }
 
 #include <math.h>
@@ -173,7 +174,7 @@ size_t k3_cuda_moe_expert_bytes(const k3_cuda_moe *m) {
 
 int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_local, int H, int I, int fmt,
                       k3_act act, bool with_params, k3_error *err) {
-    const bool gated = act_is_gated(act);
+    const bool gated = k3_act_is_gated(act);
     MoeDev *d = &m->d;
     d->n_experts = n_experts;
     d->first_local = first_local;
@@ -181,7 +182,7 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
     d->H = H;
     d->I = I;
     d->gated = gated;
-    d->m1 = (gated ? 2 * I : I) / 16;
+    d->m1 = moe_fc1_rows(act, I) / 16;
     d->m2 = H / 16;
     d->nk1 = H / 128;
     d->nk2 = I / 128;
@@ -220,32 +221,6 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
     return K3_OK;
 }
 
-static int check_params(const k3_experts *ex, k3_error *err) {
-    const k3_act_params *a = &ex->act;
-    switch (a->act) {
-    case K3_ACT_SITU:
-        if (!a->alpha || !a->beta)
-            return k3_fail(err, K3_ERR_ARG, "experts.act: SiTU needs alpha (gate beta) and beta (linear beta) arrays");
-        if (a->limit) return k3_fail(err, K3_ERR_ARG, "experts.act: SiTU does not take a clamp limit");
-        for (int e = 0; e < ex->n_local; e++)
-            if (!(a->alpha[e] > 0.f) || !(a->beta[e] > 0.f) || !isfinite(a->alpha[e]) || !isfinite(a->beta[e]))
-                return k3_fail(err, K3_ERR_NUMERIC, "experts.act: SiTU betas of local expert %d: expected finite > 0, found %g, %g",
-                               e, (double)a->alpha[e], (double)a->beta[e]);
-        return K3_OK;
-    case K3_ACT_SWIGLU_BIAS:
-    case K3_ACT_SWIGLU:
-    case K3_ACT_GEGLU:
-    case K3_ACT_SILU:
-    case K3_ACT_GELU:
-    case K3_ACT_RELU:
-    case K3_ACT_RELU2:
-    case K3_ACT_IDENTITY:
-        return K3_OK;
-    default:
-        return k3_fail(err, K3_ERR_ARG, "experts.act: invalid activation %d", (int)a->act);
-    }
-}
-
 extern "C" int k3_cuda_moe_create(const k3_experts *ex, k3_cuda_moe **out, k3_error *err) {
     *out = NULL;
     int ndev = 0;
@@ -263,13 +238,13 @@ extern "C" int k3_cuda_moe_create(const k3_experts *ex, k3_cuda_moe **out, k3_er
     if (H <= 0 || I <= 0 || H % 128 || I % 128)
         return k3_fail(err, K3_ERR_SHAPE, "experts: hidden %d and inter %d must be positive multiples of 128 for the cuda backends",
                        H, I);
-    if (check_params(ex, err)) return err->status;
+    if (k3_act_params_validate(&ex->act, ex->n_local, err)) return err->status;
     const k3_wfmt wf = ex->e[0].w1.fmt;
     if (wf != K3_WFMT_NVFP4 && wf != K3_WFMT_MXFP4)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "experts.0.w1: the cuda backends take NVFP4 or MXFP4 experts, found %s",
                        fmt_name(wf));
     const int fmt = wf == K3_WFMT_NVFP4 ? FMT_NV : FMT_MX;
-    const bool gated = act_is_gated(ex->act.act);
+    const bool gated = k3_act_is_gated(ex->act.act);
     const int nl = ex->n_local;
     float *fac = (float *)calloc((size_t)nl * 3, sizeof(float));
     int *shifts = (int *)calloc((size_t)nl * 3, sizeof(int));
