@@ -367,7 +367,7 @@ static void test_explicit_errors(void **s) {
     /* SiTU without its betas */
     m.ex.act.act = K3_ACT_SITU;
     m.ex.act.alpha = m.ex.act.beta = NULL;
-    assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_ERR_ARG);
+    assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_ERR_MISSING);
     printf("  %s\n", err.msg);
     model_free(&m);
 }

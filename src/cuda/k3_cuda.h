@@ -101,6 +101,7 @@ typedef struct k3_cuda_bench_opts {
     k3_cuda_backend backend;
     int warmup, reps;
     uint64_t seed;
+    int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
 } k3_cuda_bench_opts;
 
 typedef struct k3_cuda_bench_result {
@@ -108,6 +109,9 @@ typedef struct k3_cuda_bench_result {
     int touched;             /* distinct experts the routing selected */
     double expert_bytes;     /* bytes of the touched experts (weights + scales) */
     double flops;            /* 2 * T * k * (3 * H * I) for gated activations */
+    /* grouped backend only, from one extra run with events between the launches:
+     * prep (dispatch + x), fc1, hconv, fc2, finalize, in microseconds */
+    double stage_us[5];
 } k3_cuda_bench_result;
 
 /* Prepares the resident layer once (reuse across calls with the same shape/format/act). */

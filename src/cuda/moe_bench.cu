@@ -71,6 +71,11 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
     k3_cuda_bench *b = (k3_cuda_bench *)calloc(1, sizeof *b);
     if (!b) return k3_fail(err, K3_ERR_NOMEM, "cuda bench");
     b->o = *o;
+    if (o->tokens_per_tile != 0 && o->tokens_per_tile != 4 && o->tokens_per_tile != 8 && o->tokens_per_tile != 16) {
+        free(b);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: tokens_per_tile %d (expected 0, 4, 8 or 16)", o->tokens_per_tile);
+    }
+    b->m.force_nt = o->tokens_per_tile / 4;
     const int mx = o->fmt == K3_WFMT_MXFP4;
     if (k3_cuda_moe_alloc(&b->m, o->n_experts, 0, o->n_experts, o->hidden, o->inter, mx ? FMT_MX : FMT_NV, o->act, true,
                           err)) {
@@ -175,6 +180,21 @@ extern "C" int k3_cuda_bench_run(k3_cuda_bench *b, k3_cuda_backend backend, int 
         float ms = 0;
         cudaEventElapsedTime(&ms, e0, e1);
         ts[i] = ms * 1e3;
+    }
+    if (rc == K3_OK && backend == K3_CUDA_GROUPED) {
+        cudaEvent_t ev[6];
+        for (int i = 0; i < 6; i++) cudaEventCreate(&ev[i]);
+        b->m.stage_ev = ev;
+        rc = k3_cuda_moe_run(&b->m, backend, o->mode, b->dx, T, b->di, b->dw, k, b->dy, NULL, err);
+        b->m.stage_ev = NULL;
+        ce = cudaEventSynchronize(ev[5]);
+        if (rc == K3_OK && ce != cudaSuccess) rc = k3_cuda_fail(err, ce, "cuda bench: breakdown", __FILE__, __LINE__);
+        for (int i = 0; i < 5 && rc == K3_OK; i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
+            res->stage_us[i] = ms * 1e3;
+        }
+        for (int i = 0; i < 6; i++) cudaEventDestroy(ev[i]);
     }
     if (rc == K3_OK) {
         qsort(ts, reps, sizeof(double), cmp_d);

@@ -46,24 +46,20 @@ struct MoeDev {
     float g1, g2;                 /* w4a4 activation global scales (0 when unavailable) */
 };
 
-/* One run's device views. Positions p index the expert-sorted local (token, slot) pairs.
- * Split-K: the FC1 / FC2 tile loops may be cut into KS k-ranges (decided in the dispatch
- * from the amount of work, at most ksmax); each range writes its own partial buffer and the
- * next stage sums them in a fixed order, so results never depend on scheduling. */
+/* One run's device views. Positions p index the expert-sorted local (token, slot) pairs. */
 struct MoeRun {
     int T, k, mode, tn;            /* tn: tokens per work item (4 * NT) */
-    int ksmax, fc_warps;           /* split-K cap; warps of the persistent FC grids */
     const float *x;                /* [T][H] */
     const int32_t *ids;            /* [T][k] */
     const float *rw;               /* [T][k] */
     float *y;                      /* [T][H] */
     uint4 *xq; float *xs;          /* [T][H*4 B] fp16 hi/lo fragment layout, row scale [T] */
-    float *p1;                     /* [ksmax][T*k][n1] FC1 partials (pre-activation), n1 = 2I gated (gate | up) or I */
+    float *h; unsigned *hamax;     /* [T*k][I] FC1 output, |h| max bits per position */
     uint4 *hq; float *hs;          /* [T*k][I*4 B], row scale [T*k] */
-    float *p2;                     /* [ksmax][T*k][H] FC2 partials per slot, unweighted */
-    int *sorted_tok, *sorted_slot, *sorted_exp; /* [T*k] */
+    float *part;                   /* [T*k][H] unweighted FC2 output per slot */
+    int *sorted_tok, *sorted_slot; /* [T*k] */
     int4 *work;                    /* [wmax] (expert, first position, tokens) */
-    int *ctl;                      /* [0] positions P, [1] work items W, [2] KS of FC1, [3] KS of FC2 */
+    int *ctl;                      /* [0] = positions P, [1] = work items */
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
 };
@@ -141,7 +137,7 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
  * Accumulators: acc[f][0..1] = (hi, lo) of row g for token 4f + q, acc[f][2..3] row g + 8. */
 template <int FMT, int NT>
 __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
-                                          int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
+                                          int nk, const uint4 *bq, const int brow[NT],
                                           int lane, float acc[NT][4]) {
     const int q = lane & 3, part = (lane >> 2) & 1;
 #pragma unroll
@@ -153,12 +149,12 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
 
     /* software pipeline: chunks c + 1 and c + 2 are in flight while c is decoded */
     uint4 aw0 = make_uint4(0, 0, 0, 0), aw1 = aw0, as = aw0, bw0 = aw0, bw1 = aw0, bs = aw0;
-    if (c0 < c1) load_unit<FMT>(wq, sq, c0, lane, aw0, aw1, as);
-    if (c0 + 1 < c1) load_unit<FMT>(wq, sq, c0 + 1, lane, bw0, bw1, bs);
+    load_unit<FMT>(wq, sq, 0, lane, aw0, aw1, as);
+    if (nk > 1) load_unit<FMT>(wq, sq, 1, lane, bw0, bw1, bs);
 #pragma unroll 1
-    for (int c = c0; c < c1; c++) {
+    for (int c = 0; c < nk; c++) {
         uint4 cw0 = make_uint4(0, 0, 0, 0), cw1 = cw0, cs = cw0;
-        if (c + 2 < c1) load_unit<FMT>(wq, sq, c + 2, lane, cw0, cw1, cs);
+        if (c + 2 < nk) load_unit<FMT>(wq, sq, c + 2, lane, cw0, cw1, cs);
         uint4 bb[NT][4];
 #pragma unroll
         for (int f = 0; f < NT; f++) {
@@ -356,28 +352,26 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem)
             int p = atomicAdd(&cur[e], 1);
             r.sorted_tok[p] = s / r.k;
             r.sorted_slot[p] = s;
-            r.sorted_exp[p] = (int)e;
         }
     }
-    if (tid == 0) {
-        /* split K until the FC grids have ~3 items per warp (or the cap / 1 chunk per range) */
-        int ks1 = 1, ks2 = 1;
-        while (ks1 < r.ksmax && (long long)W * m.m1 * ks1 < 3LL * r.fc_warps && m.nk1 >= 2 * ks1) ks1 *= 2;
-        while (ks2 < r.ksmax && (long long)W * m.m2 * ks2 < 3LL * r.fc_warps && m.nk2 >= 2 * ks2) ks2 *= 2;
-        r.ctl[0] = P;
-        r.ctl[1] = W;
-        r.ctl[2] = ks1;
-        r.ctl[3] = ks2;
-    }
+    for (int p = tid; p < P; p += nth) r.hamax[p] = 0u;
+    if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; }
 }
 
 /* ---- the two GEMM work items and the small stages ---------------------------------------- */
 
-/* FC1 for work item wk = (expert, first position, tokens), 16-row tile mt, k-range ks of KS:
- * pre-activation rows (epilogue factor and token row scale applied) into p1[ks]. */
-template <int FMT, int NT>
-__device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int ks, int KS,
-                                         int lane) {
+__device__ __forceinline__ float warp_max8(float v) {
+    /* max over the 8 lanes sharing lane & 3 (lane bits 2..4) */
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+    return v;
+}
+
+/* FC1 for work item wk = (expert, first position, tokens) and 16-row tile mt; writes h and
+ * the per-position |h| max. */
+template <int FMT, int ACT, int NT>
+__device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
@@ -387,29 +381,45 @@ __device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 
     }
     const size_t tile = (size_t)e * m.m1 + mt;
     float acc[NT][4];
-    gemm_tile<FMT, NT>(m.w1 + tile * m.nk1 * 64, m.s1 + tile * m.nk1 * SB, m.nk1, ks * m.nk1 / KS,
-                       (ks + 1) * m.nk1 / KS, r.xq, brow, lane, acc);
-    const int g = lane >> 2, q = lane & 3, n1 = m.gated ? 2 * m.I : m.I;
-    const float fa = m.f1[2 * e], fb = m.gated ? m.f1[2 * e + 1] : fa;
-    /* gated tile: rows 0..7 = up (w3) of i = 8 mt + g -> column I + i, rows 8..15 = gate -> i */
-    const int c0 = m.gated ? m.I + mt * 8 + g : mt * 16 + g, c1 = m.gated ? mt * 8 + g : mt * 16 + g + 8;
-    float *out = r.p1 + (size_t)ks * r.T * r.k * n1;
+    gemm_tile<FMT, NT>(m.w1 + tile * m.nk1 * 64, m.s1 + tile * m.nk1 * SB, m.nk1, r.xq, brow, lane, acc);
+    const int g = lane >> 2, q = lane & 3;
+    const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
+    const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
+    const float li = m.limit ? m.limit[e] : INFINITY;
 #pragma unroll
     for (int f = 0; f < NT; f++) {
         int j = 4 * f + q;
-        if (j < n) {
-            float xs = r.xs[r.sorted_tok[p0 + j]];
-            float *o = out + (size_t)(p0 + j) * n1;
-            o[c0] = (acc[f][0] + acc[f][1]) * fa * xs;
-            o[c1] = (acc[f][2] + acc[f][3]) * fb * xs;
+        bool ok = j < n;
+        int tok = ok ? r.sorted_tok[p0 + j] : 0;
+        float xs = ok ? r.xs[tok] : 0.f;
+        float v0, v1;
+        int i0, i1;
+        if (m.gated) { /* set at upload from k3_act_is_gated */
+            float up = (acc[f][0] + acc[f][1]) * fa * xs, gate = (acc[f][2] + acc[f][3]) * fb * xs;
+            v0 = act_gated<ACT>(gate, up, al, be, li);
+            v1 = 0.f;
+            i0 = mt * 8 + g;
+            i1 = -1;
+        } else {
+            v0 = act_plain<ACT>((acc[f][0] + acc[f][1]) * fa * xs);
+            v1 = act_plain<ACT>((acc[f][2] + acc[f][3]) * fa * xs);
+            i0 = mt * 16 + g;
+            i1 = i0 + 8;
+        }
+        float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
+        if (isnan(v0) || isnan(v1)) am = NAN;
+        if (ok) {
+            float *hr = r.h + (size_t)(p0 + j) * m.I;
+            hr[i0] = v0;
+            if (i1 >= 0) hr[i1] = v1;
+            if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
         }
     }
 }
 
-/* FC2 for work item wk, 16-row tile mt of H, k-range ks: unweighted rows into p2[ks][slot]. */
+/* FC2 for work item wk and 16-row tile mt of H: part[slot][row] = unweighted expert output. */
 template <int FMT, int NT>
-__device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int ks, int KS,
-                                         int lane) {
+__device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
@@ -419,92 +429,35 @@ __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 
     }
     const size_t tile = (size_t)e * m.m2 + mt;
     float acc[NT][4];
-    gemm_tile<FMT, NT>(m.w2 + tile * m.nk2 * 64, m.s2 + tile * m.nk2 * SB, m.nk2, ks * m.nk2 / KS,
-                       (ks + 1) * m.nk2 / KS, r.hq, brow, lane, acc);
+    gemm_tile<FMT, NT>(m.w2 + tile * m.nk2 * 64, m.s2 + tile * m.nk2 * SB, m.nk2, r.hq, brow, lane, acc);
     const int g = lane >> 2, q = lane & 3;
     const float fw = m.f2[e];
-    float *out = r.p2 + (size_t)ks * r.T * r.k * m.H;
 #pragma unroll
     for (int f = 0; f < NT; f++) {
         int j = 4 * f + q;
         if (j < n) {
             float s = fw * r.hs[p0 + j];
-            float *o = out + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+            float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
             o[0] = (acc[f][0] + acc[f][1]) * s;
             o[8] = (acc[f][2] + acc[f][3]) * s;
         }
     }
 }
 
-/* The FC phases as a persistent loop over warp items (k-range slowest, then work item, then
- * tile, so the warps of one CTA share the work item's activation rows through L1). */
-template <int FMT, int NT, int FC>
-__device__ __forceinline__ void fc_phase(const MoeDev &m, const MoeRun &r, int gwarp, int nwarps, int lane) {
-    const int W = r.ctl[1], KS = r.ctl[FC == 1 ? 2 : 3], mt_n = FC == 1 ? m.m1 : m.m2;
-    const int per = W * mt_n, total = per * KS; /* < 2^31: W <= T*k/4 + E, mt_n <= 2I/16 */
-    for (int it = gwarp; it < total; it += nwarps) {
-        int ks = it / per, rem = it - ks * per;
-        int wi = rem / mt_n, mt = rem - wi * mt_n;
-        if (FC == 1) fc1_item<FMT, NT>(m, r, r.work[wi], mt, ks, KS, lane);
-        else fc2_item<FMT, NT>(m, r, r.work[wi], mt, ks, KS, lane);
-    }
+/* h row of position p into the FC2 B layout. */
+__device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
+    float amax = __uint_as_float(r.hamax[p]);
+    quant_row(r.h + (size_t)p * m.I, m.I, amax, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32),
+              r.hs + p, tid, nth);
 }
 
-/* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
-__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
-__device__ __forceinline__ float block_amax(float v, float *red) {
-    for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    float res = red[0];
-    for (int i = 1; i < nw; i++) res = nanmax(res, red[i]);
-    __syncthreads();
-    return res;
-}
-
-/* Position p: sum the FC1 partials in order, apply the activation with the expert's
- * parameters, and write the row into the FC2 B layout. smem: I + 32 floats. */
-template <int ACT>
-__device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, float *smem) {
-    const int I = m.I, KS = r.ctl[2], n1 = m.gated ? 2 * I : I, e = r.sorted_exp[p];
-    const size_t stride = (size_t)r.T * r.k * n1;
-    const float *src = r.p1 + (size_t)p * n1;
-    const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
-    const float li = m.limit ? m.limit[e] : INFINITY;
-    float *h = smem, *red = smem + I, am = 0.f;
-    for (int i = threadIdx.x; i < I; i += blockDim.x) {
-        float g = 0.f, u = 0.f, v;
-        for (int s = 0; s < KS; s++) g += src[s * stride + i];
-        if (m.gated) { /* set at upload from k3_act_is_gated */
-            for (int s = 0; s < KS; s++) u += src[s * stride + I + i];
-            v = act_gated<ACT>(g, u, al, be, li);
-        } else {
-            v = act_plain<ACT>(g);
-        }
-        h[i] = v;
-        am = nanmax(am, fabsf(v));
-    }
-    am = block_amax(am, red); /* also orders the h[] writes before the reads below */
-    quant_row(h, I, am, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32), r.hs + p, threadIdx.x,
-              blockDim.x);
-    __syncthreads();
-}
-
-/* y[t][c] = sum over local slots j (in slot order) of w[t,j] * sum over ks of p2[ks][t*k+j][c]. */
+/* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */
 __device__ __forceinline__ void finalize_elem(const MoeDev &m, const MoeRun &r, int t, int c) {
-    const int KS = r.ctl[3];
-    const size_t stride = (size_t)r.T * r.k * m.H;
     float acc = 0.f;
     for (int j = 0; j < r.k; j++) {
         int s = t * r.k + j;
         unsigned e = (unsigned)(r.ids[s] - m.first_local);
-        if (e < (unsigned)m.n_local) {
-            float v = 0.f;
-            for (int q = 0; q < KS; q++) v += r.p2[q * stride + (size_t)s * m.H + c];
-            acc += r.rw[s] * v;
-        }
+        if (e < (unsigned)m.n_local) acc += r.rw[s] * r.part[(size_t)s * m.H + c];
     }
     r.y[(size_t)t * m.H + c] = acc;
 }

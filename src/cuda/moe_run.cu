@@ -19,6 +19,7 @@
 
 extern "C" {
 #include "base/base.h"
+#include "moe/activation.h"
 }
 
 #include <stdlib.h>
@@ -26,7 +27,20 @@ extern "C" {
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
-#define FC_THREADS 256 /* 8 warps: 8 consecutive tiles of one work item share its rows in L1 */
+__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+
+/* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
+__device__ float block_amax(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < nw; i++) r = nanmax(r, red[i]);
+    __syncthreads();
+    return r;
+}
 
 __device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) {
     const float *x = r.x + (size_t)t * m.H;
@@ -46,17 +60,23 @@ __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
 }
 
-template <int FMT, int NT, int FC>
-__global__ void __launch_bounds__(FC_THREADS, NT == 1 ? 4 : NT == 2 ? 3 : 2) k_fc(MoeDev m, MoeRun r) {
-    fc_phase<FMT, NT, FC>(m, r, blockIdx.x * (FC_THREADS / 32) + (threadIdx.x >> 5), gridDim.x * (FC_THREADS / 32),
-                          threadIdx.x & 31);
+template <int FMT, int ACT, int NT>
+__global__ void __launch_bounds__(128) k_fc1(MoeDev m, MoeRun r) {
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + (threadIdx.x >> 5);
+    if (wi >= r.ctl[1] || mt >= m.m1) return;
+    fc1_item<FMT, ACT, NT>(m, r, r.work[wi], mt, threadIdx.x & 31);
 }
 
-template <int ACT>
-__global__ void __launch_bounds__(256) k_hconv(MoeDev m, MoeRun r) {
-    extern __shared__ float hsm[];
+template <int FMT, int NT>
+__global__ void __launch_bounds__(128) k_fc2(MoeDev m, MoeRun r) {
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + (threadIdx.x >> 5);
+    if (wi >= r.ctl[1] || mt >= m.m2) return;
+    fc2_item<FMT, NT>(m, r, r.work[wi], mt, threadIdx.x & 31);
+}
+
+__global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
     if ((int)blockIdx.x >= r.ctl[0]) return;
-    hconv_row<ACT>(m, r, blockIdx.x, hsm);
+    hconv_row(m, r, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 __global__ void __launch_bounds__(256) k_finalize(MoeDev m, MoeRun r) {
@@ -81,23 +101,24 @@ __device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long
     __syncthreads();
 }
 
-/* One persistent kernel: dispatch + x prep, FC1, activation + conversion, FC2, finalize. */
+/* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. */
 template <int FMT, int ACT>
-__global__ void __launch_bounds__(FC_THREADS, 4) k_fused(MoeDev m, MoeRun r) {
+__global__ void __launch_bounds__(128) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
-    const int nb = gridDim.x, lane = threadIdx.x & 31, nw = FC_THREADS / 32;
-    const int gwarp = blockIdx.x * nw + (threadIdx.x >> 5);
+    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned long long base = r.bar_base;
     if (blockIdx.x == 0) moe_dispatch(m, r, smem);
     else
         for (int t = blockIdx.x - 1; t < r.T; t += nb - 1) prep_x_row(m, r, t, (float *)smem);
     grid_sync(r.bar, base + (unsigned long long)nb);
-    fc_phase<FMT, 1, 1>(m, r, gwarp, nb * nw, lane);
+    const int W = *(volatile int *)(r.ctl + 1), P = *(volatile int *)r.ctl;
+    for (int it = blockIdx.x * WARPS + warp; it < W * m.m1; it += nb * WARPS)
+        fc1_item<FMT, ACT, 1>(m, r, r.work[it / m.m1], it % m.m1, lane);
     grid_sync(r.bar, base + 2ull * nb);
-    const int P = *(volatile int *)r.ctl;
-    for (int p = blockIdx.x; p < P; p += nb) hconv_row<ACT>(m, r, p, (float *)smem);
+    for (int p = blockIdx.x; p < P; p += nb) hconv_row(m, r, p, threadIdx.x, blockDim.x);
     grid_sync(r.bar, base + 3ull * nb);
-    fc_phase<FMT, 1, 2>(m, r, gwarp, nb * nw, lane);
+    for (int it = blockIdx.x * WARPS + warp; it < W * m.m2; it += nb * WARPS)
+        fc2_item<FMT, 1>(m, r, r.work[it / m.m2], it % m.m2, lane);
     grid_sync(r.bar, base + 4ull * nb);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < r.T * m.H; i += nb * blockDim.x)
         finalize_elem(m, r, i / m.H, i % m.H);
@@ -107,19 +128,23 @@ __global__ void __launch_bounds__(FC_THREADS, 4) k_fused(MoeDev m, MoeRun r) {
 
 typedef void (*kern_t)(MoeDev, MoeRun);
 
-#define ACTS(X, F)                                                                                   \
-    X(F, K3_ACT_IDENTITY), X(F, K3_ACT_GELU), X(F, K3_ACT_RELU), X(F, K3_ACT_SILU), X(F, K3_ACT_SWIGLU), \
-        X(F, K3_ACT_GEGLU), X(F, K3_ACT_SWIGLU_BIAS), X(F, K3_ACT_RELU2), X(F, K3_ACT_SITU)
-#define FUSK(F, A) (kern_t)k_fused<F, A>
-#define HCK(F, A) (kern_t)k_hconv<A>
+#define ACTS(X, F, N)                                                                                \
+    X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
+        X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
+        X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
+#define FC1K(F, A, N) (kern_t)k_fc1<F, A, N>
+#define FUSK(F, A, N) (kern_t)k_fused<F, A>
 
-/* [fmt][nt index][fc - 1] */
-static const kern_t fc_table[2][3][2] = {
-    {{k_fc<FMT_NV, 1, 1>, k_fc<FMT_NV, 1, 2>}, {k_fc<FMT_NV, 2, 1>, k_fc<FMT_NV, 2, 2>}, {k_fc<FMT_NV, 4, 1>, k_fc<FMT_NV, 4, 2>}},
-    {{k_fc<FMT_MX, 1, 1>, k_fc<FMT_MX, 1, 2>}, {k_fc<FMT_MX, 2, 1>, k_fc<FMT_MX, 2, 2>}, {k_fc<FMT_MX, 4, 1>, k_fc<FMT_MX, 4, 2>}},
+/* [fmt][nt index][act - 1] */
+static const kern_t fc1_table[2][3][9] = {
+    {{ACTS(FC1K, FMT_NV, 1)}, {ACTS(FC1K, FMT_NV, 2)}, {ACTS(FC1K, FMT_NV, 4)}},
+    {{ACTS(FC1K, FMT_MX, 1)}, {ACTS(FC1K, FMT_MX, 2)}, {ACTS(FC1K, FMT_MX, 4)}},
 };
-static const kern_t hconv_table[9] = {ACTS(HCK, 0)};
-static const kern_t fused_table[2][9] = {{ACTS(FUSK, FMT_NV)}, {ACTS(FUSK, FMT_MX)}};
+static const kern_t fc2_table[2][3] = {
+    {k_fc2<FMT_NV, 1>, k_fc2<FMT_NV, 2>, k_fc2<FMT_NV, 4>},
+    {k_fc2<FMT_MX, 1>, k_fc2<FMT_MX, 2>, k_fc2<FMT_MX, 4>},
+};
+static const kern_t fused_table[2][9] = {{ACTS(FUSK, FMT_NV, 0)}, {ACTS(FUSK, FMT_MX, 0)}};
 
 /* ---- host side ------------------------------------------------------------------------------- */
 
@@ -159,12 +184,11 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 /* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
 static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     const MoeDev *d = &m->d;
-    const size_t S = (size_t)T * k, H = d->H, I = d->I, n1 = d->gated ? 2 * I : I;
-    const size_t ksmax = S <= 2048 ? 4 : 1;
+    const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (S < (size_t)d->n_local ? S : (size_t)d->n_local) + S / tn + 1;
-    size_t sz[13] = {T * H * 4, (size_t)T * 4, ksmax * S * n1 * 4, S * I * 4, S * 4, ksmax * S * H * 4, S * 4, S * 4,
-                     S * 4, wmax * 16, 64};
-    size_t tot = 0, off[13];
+    size_t sz[12] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
+                     wmax * 16, 64, 0};
+    size_t tot = 0, off[12];
     for (int i = 0; i < 11; i++) {
         off[i] = tot;
         tot += al256(sz[i] ? sz[i] : 1);
@@ -178,19 +202,19 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     }
     char *b = (char *)m->ws;
     MoeRun *r = &m->r;
-    r->ksmax = (int)ksmax;
     r->xq = (uint4 *)(b + off[0]);
     r->xs = (float *)(b + off[1]);
-    r->p1 = (float *)(b + off[2]);
-    r->hq = (uint4 *)(b + off[3]);
-    r->hs = (float *)(b + off[4]);
-    r->p2 = (float *)(b + off[5]);
-    r->sorted_tok = (int *)(b + off[6]);
-    r->sorted_slot = (int *)(b + off[7]);
-    r->sorted_exp = (int *)(b + off[8]);
+    r->h = (float *)(b + off[2]);
+    r->hamax = (unsigned *)(b + off[3]);
+    r->hq = (uint4 *)(b + off[4]);
+    r->hs = (float *)(b + off[5]);
+    r->part = (float *)(b + off[6]);
+    r->sorted_tok = (int *)(b + off[7]);
+    r->sorted_slot = (int *)(b + off[8]);
     r->work = (int4 *)(b + off[9]);
     r->ctl = (int *)(b + off[10]);
     r->bar = m->bar;
+    (void)wmax;
     return K3_OK;
 }
 
@@ -203,17 +227,6 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k) {
 }
 
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
-static int hconv_smem(const k3_cuda_moe *m) { return (m->d.I + 32) * 4; }
-
-/* Blocks of kernel f that fit on the device at once (persistent grids). */
-static int full_grid(const k3_cuda_moe *m, kern_t f, int threads, int smem, int *grid, k3_error *err) {
-    int per_sm = 0, nsm = 0;
-    K3_CUDA_TRY(err, cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    K3_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, smem));
-    K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, m->device));
-    *grid = per_sm * nsm;
-    return K3_OK;
-}
 
 static int launch_check(k3_error *err, const char *what) {
     cudaError_t e = cudaGetLastError();
@@ -227,7 +240,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
     if (T == 0) return K3_OK;
     cudaStream_t st = (cudaStream_t)stream;
-    const int nt = b == K3_CUDA_FUSED ? 1 : pick_nt(m, T, k), nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
+    const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k);
+    const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
     const int tn = 4 * nt;
     if (ensure_ws(m, T, k, tn, err)) return err->status;
     MoeRun r = m->r;
@@ -242,35 +256,42 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
-        const int S = T * k;
-        kern_t f1 = fc_table[m->fmt][nti][0], f2 = fc_table[m->fmt][nti][1], hc = hconv_table[ai];
-        int g1 = 0, g2 = 0, sm = dispatch_smem(m), hs = hconv_smem(m);
-        if (full_grid(m, f1, FC_THREADS, 0, &g1, err) || full_grid(m, f2, FC_THREADS, 0, &g2, err)) return err->status;
-        r.fc_warps = (g1 < g2 ? g1 : g2) * (FC_THREADS / 32);
+        const int S = T * k, wmax = (S < d.n_local ? S : d.n_local) + S / tn + 1;
+        int sm = dispatch_smem(m);
         K3_CUDA_TRY(err, cudaFuncSetAttribute(k_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-        K3_CUDA_TRY(err, cudaFuncSetAttribute(hc, cudaFuncAttributeMaxDynamicSharedMemorySize, hs));
         int nblk = 1 + (T < 1024 ? T : 1024);
+        cudaEvent_t *ev = m->stage_ev;
+        if (ev) cudaEventRecord(ev[0], st);
         k_prep<<<nblk, 256, sm, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
-        f1<<<g1, FC_THREADS, 0, st>>>(d, r);
-        if (launch_check(err, "k_fc<1><<<>>>")) return err->status;
-        hc<<<S, 256, hs, st>>>(d, r);
+        const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
+        fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), 128, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[2], st);
+        if (launch_check(err, "k_fc1<<<>>>")) return err->status;
+        k_hconv<<<S, 128, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
-        f2<<<g2, FC_THREADS, 0, st>>>(d, r);
-        if (launch_check(err, "k_fc<2><<<>>>")) return err->status;
+        fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), 128, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[4], st);
+        if (launch_check(err, "k_fc2<<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[5], st);
         return launch_check(err, "k_finalize<<<>>>");
     }
     kern_t kf = fused_table[m->fmt][ai];
-    int sm = dispatch_smem(m) > hconv_smem(m) ? dispatch_smem(m) : hconv_smem(m), grid = 0;
-    if (full_grid(m, kf, FC_THREADS, sm, &grid, err)) return err->status;
+    int sm = dispatch_smem(m);
+    K3_CUDA_TRY(err, cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    int per_sm = 0, nsm = 0;
+    K3_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kf, 128, sm));
+    K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, m->device));
+    int grid = per_sm * nsm;
     if (grid < 2)
         return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: only %d co-resident blocks fit on the device, the fused kernel needs 2",
                        grid);
-    r.fc_warps = grid * (FC_THREADS / 32);
     r.bar_base = m->bar_epoch;
     void *args[2] = {(void *)&d, (void *)&r};
-    cudaError_t ce = cudaLaunchCooperativeKernel((const void *)kf, dim3(grid), dim3(FC_THREADS), args, (size_t)sm, st);
+    cudaError_t ce = cudaLaunchCooperativeKernel((const void *)kf, dim3(grid), dim3(128), args, (size_t)sm, st);
     if (ce != cudaSuccess) {
         cudaGetLastError();
         return k3_cuda_fail(err, ce, "cudaLaunchCooperativeKernel(k_fused)", __FILE__, __LINE__);

@@ -20,6 +20,10 @@ struct k3_cuda_moe {
     MoeRun r;
     unsigned long long *bar; /* fused grid barrier counter (inside mem) */
     unsigned long long bar_epoch;
+    /* benchmark hooks (moe_bench.cu): tokens-per-tile override (0 = the heuristic) and, when
+     * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
+    int force_nt;
+    cudaEvent_t *stage_ev;
 };
 
 /* Bytes of one expert in kernel layout (weights + scales), the bytes a kernel streams. */
