@@ -3,7 +3,7 @@
 bf16 weights through torch._grouped_mm, on the same routing k3's benchmark uses (uniform
 top-k drawn with splitmix64 from the seed, token by token, exactly as src/cuda/moe_bench.cu
 draws it). Times the whole routed layer (sort, gather, FC1, SiTU, FC2, weighted scatter-add)
-with CUDA events, median of repeats after warm-up. Also measures, in the same process, the
+with CUDA events around 5 batches of back-to-back calls, median per-call mean. Also measures, in the same process, the
 device-to-device copy bandwidth (read + write counted) and the bf16 dense matmul rate.
 Prints TSV on stdout. An oracle/peer only: nothing in k3 depends on it."""
 import argparse
@@ -40,20 +40,23 @@ def routing(T, E, k, seed):
 
 
 def median_ms(fn, reps, warm=3):
+    """Per-call mean of back-to-back calls in 5 batches (as k3's bench times itself), median."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
+    per = max(1, reps // 5)
     ts = []
-    for _ in range(reps):
+    for _ in range(5):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(per):
+            fn()
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b))
+        ts.append(a.elapsed_time(b) / per)
     ts.sort()
-    return ts[len(ts) // 2]
+    return ts[2]
 
 
 def main():
@@ -63,7 +66,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=3584)
     ap.add_argument("--inter", type=int, default=3072)
     ap.add_argument("--topk", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     dev = torch.device("cuda")

@@ -258,7 +258,10 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     if (b == K3_CUDA_GROUPED) {
         const int S = T * k, wmax = (S < d.n_local ? S : d.n_local) + S / tn + 1;
         int sm = dispatch_smem(m);
-        K3_CUDA_TRY(err, cudaFuncSetAttribute(k_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+        if (!m->prep_attr_set) {
+            K3_CUDA_TRY(err, cudaFuncSetAttribute(k_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+            m->prep_attr_set = 1;
+        }
         int nblk = 1 + (T < 1024 ? T : 1024);
         cudaEvent_t *ev = m->stage_ev;
         if (ev) cudaEventRecord(ev[0], st);
@@ -281,11 +284,14 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     }
     kern_t kf = fused_table[m->fmt][ai];
     int sm = dispatch_smem(m);
-    K3_CUDA_TRY(err, cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-    int per_sm = 0, nsm = 0;
-    K3_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kf, 128, sm));
-    K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, m->device));
-    int grid = per_sm * nsm;
+    if (!m->fused_grid) { /* every block must be co-resident: the grid barrier waits for all */
+        int per_sm = 0, nsm = 0;
+        K3_CUDA_TRY(err, cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+        K3_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kf, 128, sm));
+        K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, m->device));
+        m->fused_grid = per_sm * nsm;
+    }
+    int grid = m->fused_grid;
     if (grid < 2)
         return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: only %d co-resident blocks fit on the device, the fused kernel needs 2",
                        grid);

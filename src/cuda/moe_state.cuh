@@ -24,6 +24,9 @@ struct k3_cuda_moe {
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
     cudaEvent_t *stage_ev;
+    /* launch configuration, computed on first use (the act and format of a handle are fixed) */
+    int prep_attr_set;
+    int fused_grid;
 };
 
 /* Bytes of one expert in kernel layout (weights + scales), the bytes a kernel streams. */
