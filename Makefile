@@ -63,8 +63,11 @@ help:
 deps:
 	@tools/install-deps
 
+# Rebuilt from scratch: `ar r` keeps members no longer listed, so a CUDA build followed by an
+# NVCC= build (or the reverse) would leave device code and its CPU stand-in in one archive.
 $(BUILD)/libk3.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
+	@rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
@@ -114,7 +117,7 @@ fuzz: deps $(FUZZ_BIN)
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus-$$n fuzz/corpus/$$n || exit 1; done
 
 format:
-	clang-format -i $$(find include src tests fuzz lab -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
+	clang-format -i $$(find $(wildcard include src tests fuzz lab) -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
 
 clean:
 	rm -rf build

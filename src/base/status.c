@@ -28,7 +28,8 @@ static const char *const status_names[K3_STATUS_COUNT] = {
 };
 
 const char *k3_status_str(int status) {
-    if (status < 0 || status >= K3_STATUS_COUNT) return "unknown status";
+    if (status < 0 || status >= K3_STATUS_COUNT)
+        return "unknown status";
     return status_names[status];
 }
 
@@ -51,11 +52,16 @@ void k3_error_clear(k3_error *err) {
 }
 
 static int log_level = K3_LOG_INFO;
-void k3_log_set_level(int level) { log_level = level; }
-int k3_log_level(void) { return log_level; }
+void k3_log_set_level(int level) {
+    log_level = level;
+}
+int k3_log_level(void) {
+    return log_level;
+}
 
 void k3_log(int level, const char *fmt, ...) {
-    if (level > log_level) return;
+    if (level > log_level)
+        return;
     static const char *const tag[] = {"error: ", "warning: ", "", ""};
     fprintf(stderr, "k3: %s", tag[level]);
     va_list ap;
@@ -71,8 +77,12 @@ double k3_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-const char *k3_version(void) { return "0.1.0"; }
-const char *k3_build_commit(void) { return K3_COMMIT; }
+const char *k3_version(void) {
+    return "0.1.0";
+}
+const char *k3_build_commit(void) {
+    return K3_COMMIT;
+}
 int k3_have_cuda(void) {
 #ifdef K3_HAVE_CUDA
     return 1;

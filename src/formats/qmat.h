@@ -24,9 +24,9 @@ typedef enum k3_wfmt {
 
 typedef struct k3_qmat {
     k3_wfmt fmt;
-    int64_t rows, cols;   /* logical shape [out, in] */
-    const void *data;     /* see k3_wfmt */
-    const void *scale;    /* block scales (NULL for F32/BF16/F16) */
+    int64_t rows, cols; /* logical shape [out, in] */
+    const void *data;   /* see k3_wfmt */
+    const void *scale;  /* block scales (NULL for F32/BF16/F16) */
     /* NVFP4 only: weight_scale_2, the per-tensor dequantization multiplier (ModelOpt
      * convention; a compressed-tensors weight_global_scale is stored here as 1/global).
      * 1.0 for every other format. */
@@ -38,8 +38,11 @@ typedef struct k3_qmat {
 
 const char *k3_wfmt_name(k3_wfmt fmt);
 
-/* Dequantizes row r of m exactly into out[cols] (float64 for the reference; every format's
- * value is exactly representable in double, and in float too). */
+/* Dequantizes row r of m into out[cols]. float64: exact (every format's value, scales
+ * included, has at most 30 significant bits). float32: that value rounded once (NVFP4 and
+ * FP8-block products need the rounding; MXFP4 6*2^127 becomes Inf). A row that cannot be
+ * read (NULL m/data/scale, bad fmt, r outside [0, rows), cols not a multiple of the block)
+ * fills out[0..cols) with NaN (nothing when cols <= 0); the loader validates before this. */
 void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out);
 void k3_qmat_row_f32(const k3_qmat *m, int64_t r, float *out);
 

@@ -33,7 +33,7 @@ int k3_json_get_number(const cJSON *obj, const char *key, double *out, bool *fou
                        const char *what, k3_error *err);
 int k3_json_get_int(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
                     bool *found, const char *what, k3_error *err);
-int k3_json_get_bool(const cJSON *obj, const char *key, bool *out, bool *found,
-                     const char *what, k3_error *err);
+int k3_json_get_bool(const cJSON *obj, const char *key, bool *out, bool *found, const char *what,
+                     k3_error *err);
 
 #endif

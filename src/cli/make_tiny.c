@@ -1,0 +1,53 @@
+/* k3 make-tiny DIR: writes the built-in test model (or a small / one-K3-layer benchmark
+ * model) as a real checkpoint in a published format. See src/load/tiny.h. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: k3 make-tiny DIR [options]\n"
+            "  -f, --format F    nvfp4 | nvfp4-ct | mxfp4 | bf16        (default nvfp4)\n"
+            "  -P, --preset P    tiny | small | k3-layer               (default tiny)\n"
+            "  -s, --seed N      weight seed                           (default 0)\n"
+            "  -t, --threads N   generator threads, 0 = all CPUs       (default 0)\n");
+}
+
+int cli_make_tiny(int argc, char **argv) {
+    k3_make_tiny_opts o = {.format = "nvfp4", .preset = "tiny", .progress = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        long v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if ((!strcmp(a, "-f") || !strcmp(a, "--format")) && i + 1 < argc) {
+            o.format = argv[++i];
+        } else if ((!strcmp(a, "-P") || !strcmp(a, "--preset")) && i + 1 < argc) {
+            o.preset = argv[++i];
+        } else if ((!strcmp(a, "-s") || !strcmp(a, "--seed")) && i + 1 < argc) {
+            if (cli_parse_int("make-tiny", a, argv[++i], 0, 2147483647L, &v)) return 1;
+            o.seed = (uint64_t)v;
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && i + 1 < argc) {
+            if (cli_parse_int("make-tiny", a, argv[++i], 0, 256, &v)) return 1;
+            o.n_threads = (int)v;
+        } else if (a[0] == '-') {
+            usage(stderr);
+            return cli_fail("make-tiny", "unknown option or missing value: %s", a);
+        } else if (!o.dir) {
+            o.dir = a;
+        } else {
+            return cli_fail("make-tiny", "unexpected argument: %s", a);
+        }
+    }
+    if (!o.dir) {
+        usage(stderr);
+        return cli_fail("make-tiny", "DIR: missing");
+    }
+    k3_error err = {0};
+    if (k3_make_tiny_checkpoint(&o, &err)) return cli_fail_err("make-tiny", &err);
+    fprintf(stderr, "k3 make-tiny: wrote %s (%s, %s, seed %llu)\n", o.dir, o.preset, o.format,
+            (unsigned long long)o.seed);
+    return 0;
+}

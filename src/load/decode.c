@@ -1,0 +1,266 @@
+/* Tensor decoding and validation; see decode.h. Every check names the tensor and says what
+ * was expected and what was found, in the style of STYLE.md. */
+#include "load/decode.h"
+
+#include "formats/fp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *k3_shape_str(int rank, const int64_t *shape, char *buf, size_t size) {
+    size_t n = 0;
+    n += (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < rank && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, i ? ",%lld" : "%lld", (long long)shape[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+static const char *tdt(const k3_tview *t) { return k3_dtype_name(t->dtype); }
+
+static bool shape_is(const k3_tview *t, int rank, const int64_t *shape) {
+    if (t->rank != rank) return false;
+    for (int i = 0; i < rank; i++)
+        if (t->shape[i] != shape[i]) return false;
+    return true;
+}
+
+/* "name: expected DT [shape], found DT [shape]" with the status the mismatch deserves. */
+static int mismatch(const k3_tview *t, bool dtype_ok, const char *want_dt, int rank,
+                    const int64_t *shape, k3_error *err) {
+    char a[96], b[96];
+    k3_shape_str(rank, shape, a, sizeof a);
+    k3_shape_str(t->rank, t->shape, b, sizeof b);
+    return k3_fail(err, dtype_ok ? K3_ERR_SHAPE : K3_ERR_DTYPE, "%s: expected %s %s, found %s %s", t->name, want_dt, a, tdt(t), b);
+}
+
+int k3_decode_plain(const k3_tview *t, unsigned allowed, int rank, const int64_t *shape,
+                    k3_error *err) {
+    if (!(allowed & (1u << t->dtype)) || !shape_is(t, rank, shape)) {
+        char want[64] = "";
+        for (int d = 1; d < K3_DTYPE_COUNT && d < 32; d++)
+            if (allowed & (1u << d)) {
+                if (want[0]) strncat(want, "|", sizeof want - strlen(want) - 1);
+                strncat(want, k3_dtype_name((k3_dtype)d), sizeof want - strlen(want) - 1);
+            }
+        return mismatch(t, (allowed & (1u << t->dtype)) != 0, want, rank, shape, err);
+    }
+    return K3_OK;
+}
+
+int k3_decode_scalar(const k3_tview *t, float *out, k3_error *err) {
+    bool one = t->rank == 0 || (t->rank == 1 && t->shape[0] == 1);
+    float v;
+    if (t->dtype == K3_DTYPE_F32 && one && t->nbytes == 4) {
+        memcpy(&v, t->data, 4);
+    } else if ((t->dtype == K3_DTYPE_BF16 || t->dtype == K3_DTYPE_F16) && one && t->nbytes == 2) {
+        uint16_t h;
+        memcpy(&h, t->data, 2);
+        v = t->dtype == K3_DTYPE_BF16 ? k3_bf16_to_f32(h) : k3_f16_to_f32(h);
+    } else {
+        char b[96];
+        return k3_fail(err, one ? K3_ERR_DTYPE : K3_ERR_SHAPE,
+                       "%s: expected a scalar F32|BF16|F16 of shape [] or [1], found %s %s",
+                       t->name, tdt(t), k3_shape_str(t->rank, t->shape, b, sizeof b));
+    }
+    if (!(isfinite(v) && v > 0))
+        return k3_fail(err, K3_ERR_NUMERIC, "%s: expected a finite global scale > 0, found %g",
+                       t->name, (double)v);
+    *out = v;
+    return K3_OK;
+}
+
+typedef struct ctx_t {
+    const char *module;
+    k3_tview_find_fn find;
+    void *ctx;
+    void (*mark)(void *ctx, const char *name);
+} dctx;
+
+static const k3_tview *get(const dctx *c, const char *suffix) {
+    char name[512];
+    if (snprintf(name, sizeof name, "%s.%s", c->module, suffix) >= (int)sizeof name) return NULL;
+    const k3_tview *t = c->find(c->ctx, name);
+    if (t && c->mark) c->mark(c->ctx, t->name);
+    return t;
+}
+
+static const k3_tview *need(const dctx *c, const char *suffix, k3_qscheme decl, k3_error *err) {
+    const k3_tview *t = get(c, suffix);
+    if (!t)
+        k3_fail(err, K3_ERR_MISSING, "%s.%s: missing (required by the %s declaration)", c->module,
+                suffix, k3_qscheme_name(decl));
+    return t;
+}
+
+/* Block scales encoded in one byte: E4M3 0x7F/0xFF and E8M0 0xFF are NaN. */
+static int check_byte_scales(const k3_tview *t, bool e8m0, k3_error *err) {
+    const uint8_t *s = t->data;
+    for (uint64_t i = 0; i < t->nbytes; i++) {
+        bool nan = e8m0 ? s[i] == 0xFF : (s[i] & 0x7F) == 0x7F;
+        if (nan)
+            return k3_fail(err, K3_ERR_NUMERIC, "%s: NaN block scale 0x%02X at element %llu",
+                           t->name, s[i], (unsigned long long)i);
+    }
+    return K3_OK;
+}
+
+static int decode_nvfp4(const dctx *c, k3_qscheme decl, const k3_tview *w, int64_t rows,
+                        int64_t cols, k3_qmat *out, k3_error *err) {
+    if (cols % 16)
+        return k3_fail(err, K3_ERR_SHAPE, "%s: NVFP4 needs in_features %% 16 == 0, found %lld",
+                       w->name, (long long)cols);
+    int64_t ws[2] = {rows, cols / 2}, ss[2] = {rows, cols / 16};
+    int rc = k3_decode_plain(w, 1u << K3_DTYPE_U8, 2, ws, err);
+    if (rc) return rc;
+    const k3_tview *s = need(c, "weight_scale", decl, err);
+    if (!s) return err ? err->status : K3_ERR_MISSING;
+    if ((rc = k3_decode_plain(s, 1u << K3_DTYPE_F8_E4M3, 2, ss, err))) return rc;
+    if ((rc = check_byte_scales(s, false, err))) return rc;
+    bool ct = decl == K3_QS_NVFP4_CT;
+    const k3_tview *g = need(c, ct ? "weight_global_scale" : "weight_scale_2", decl, err);
+    if (!g) return err ? err->status : K3_ERR_MISSING;
+    float gv, iv = 0;
+    if ((rc = k3_decode_scalar(g, &gv, err))) return rc;
+    const k3_tview *in = get(c, ct ? "input_global_scale" : "input_scale");
+    if (in && (rc = k3_decode_scalar(in, &iv, err))) return rc;
+    if (ct) {
+        gv = 1.0f / gv;
+        if (in) iv = 1.0f / iv;
+        if (!(isfinite(gv) && gv > 0) || !(isfinite(iv) && iv >= 0))
+            return k3_fail(err, K3_ERR_NUMERIC, "%s: global scale reciprocal is not finite",
+                           !(isfinite(gv) && gv > 0) ? g->name : in->name);
+    }
+    *out = (k3_qmat){.fmt = K3_WFMT_NVFP4, .rows = rows, .cols = cols, .data = w->data,
+                     .scale = s->data, .global_scale = gv, .input_scale = iv};
+    return K3_OK;
+}
+
+static int decode_mxfp4(const dctx *c, const k3_tview *w, int64_t rows, int64_t cols,
+                        k3_qmat *out, k3_error *err) {
+    if (cols % 32)
+        return k3_fail(err, K3_ERR_SHAPE, "%s: MXFP4 needs in_features %% 32 == 0, found %lld",
+                       w->name, (long long)cols);
+    int64_t ws[2] = {rows, cols / 2}, ss[2] = {rows, cols / 32};
+    int rc = k3_decode_plain(w, 1u << K3_DTYPE_U8, 2, ws, err);
+    if (rc) return rc;
+    const k3_tview *s = need(c, "weight_scale", K3_QS_MXFP4, err);
+    if (!s) return err ? err->status : K3_ERR_MISSING;
+    if ((rc = k3_decode_plain(s, (1u << K3_DTYPE_U8) | (1u << K3_DTYPE_F8_E8M0), 2, ss, err)))
+        return rc;
+    if ((rc = check_byte_scales(s, true, err))) return rc;
+    *out = (k3_qmat){.fmt = K3_WFMT_MXFP4, .rows = rows, .cols = cols, .data = w->data,
+                     .scale = s->data, .global_scale = 1.0f};
+    return K3_OK;
+}
+
+static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t cols,
+                      k3_qmat *out, k3_error *err) {
+    int64_t ws[2] = {rows, cols};
+    int rc = k3_decode_plain(w, 1u << K3_DTYPE_F8_E4M3, 2, ws, err);
+    if (rc) return rc;
+    const k3_tview *s1 = get(c, "weight_scale"), *s2 = get(c, "weight_scale_inv");
+    if (s1 && s2)
+        return k3_fail(err, K3_ERR_DUPLICATE,
+                       "%s: both weight_scale and weight_scale_inv present; expected one", w->name);
+    const k3_tview *s = s1 ? s1 : s2;
+    if (!s)
+        return k3_fail(err, K3_ERR_MISSING, "%s: F8_E4M3 weight without its scale (%s.weight_scale "
+                       "or .weight_scale_inv)", w->name, c->module);
+    int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
+    int64_t s2d[2] = {br, bc}, s4d[4] = {br, 1, bc, 1};
+    if (s->dtype != K3_DTYPE_F32 || !(shape_is(s, 2, s2d) || shape_is(s, 4, s4d)))
+        return mismatch(s, s->dtype == K3_DTYPE_F32, "F32", s->rank == 4 ? 4 : 2, s->rank == 4 ? s4d : s2d, err);
+    const float *sv = s->data;
+    for (int64_t i = 0; i < br * bc; i++) {
+        float v;
+        memcpy(&v, sv + i, 4);
+        if (!isfinite(v))
+            return k3_fail(err, K3_ERR_NUMERIC, "%s: non-finite block scale %g at block (%lld,%lld)",
+                           s->name, (double)v, (long long)(i / bc), (long long)(i % bc));
+    }
+    *out = (k3_qmat){.fmt = K3_WFMT_FP8_BLOCK, .rows = rows, .cols = cols, .data = w->data,
+                     .scale = s->data, .global_scale = 1.0f};
+    return K3_OK;
+}
+
+int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t rows, int64_t cols,
+                     k3_tview_find_fn find, void *ctx, void (*mark)(void *, const char *),
+                     k3_qmat *out, k3_error *err) {
+    dctx c = {module, find, ctx, mark};
+    if (decl == K3_QS_OTHER || decl < 0 || decl >= K3_QS_COUNT)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: declared with a quantization k3 does not "
+                       "decode", module);
+    if (rows < 1 || cols < 1)
+        return k3_fail(err, K3_ERR_SHAPE, "%s: expected a positive shape, found [%lld,%lld]",
+                       module, (long long)rows, (long long)cols);
+    bool packed_name = decl == K3_QS_NVFP4_CT || decl == K3_QS_MXFP4;
+    const k3_tview *w = get(&c, packed_name ? "weight_packed" : "weight");
+    if (!w) {
+        const k3_tview *other = get(&c, packed_name ? "weight" : "weight_packed");
+        bool plain = other && (other->dtype == K3_DTYPE_BF16 || other->dtype == K3_DTYPE_F16 ||
+                               other->dtype == K3_DTYPE_F32);
+        /* compressed-tensors keeps the plain name for a module its class target leaves
+         * unquantized */
+        if (packed_name && plain && plain_ok) w = other;
+        else if (other)
+            return k3_fail(err, K3_ERR_FORMAT, "%s: found, but the %s declaration stores %s.%s",
+                           other->name, k3_qscheme_name(decl), module,
+                           packed_name ? "weight_packed" : "weight");
+        else
+            return k3_fail(err, K3_ERR_MISSING, "%s.%s: missing", module,
+                           packed_name ? "weight_packed" : "weight");
+    }
+    int64_t shape[2] = {rows, cols};
+    switch (w->dtype) {
+    case K3_DTYPE_BF16:
+    case K3_DTYPE_F16:
+    case K3_DTYPE_F32:
+        /* A plain weight decodes unambiguously; it is accepted where nothing or FP8 blocks are
+         * declared (TensorRT-LLM keeps e.g. b_proj BF16 under an FP8 declaration). A 4-bit
+         * declaration with a plain weight is an inconsistent checkpoint. */
+        if (decl != K3_QS_NONE && decl != K3_QS_FP8_BLOCK && !plain_ok)
+            return k3_fail(err, K3_ERR_DTYPE, "%s: expected U8 (declared %s), found %s", w->name,
+                           k3_qscheme_name(decl), tdt(w));
+        if (get(&c, "weight_scale") || get(&c, "weight_scale_inv"))
+            return k3_fail(err, K3_ERR_FORMAT, "%s: a %s weight with a block-scale sibling",
+                           w->name, tdt(w));
+        {
+            int rc = k3_decode_plain(w, 1u << w->dtype, 2, shape, err);
+            if (rc) return rc;
+        }
+        *out = (k3_qmat){.fmt = w->dtype == K3_DTYPE_BF16  ? K3_WFMT_BF16
+                                : w->dtype == K3_DTYPE_F16 ? K3_WFMT_F16
+                                                         : K3_WFMT_F32,
+                         .rows = rows, .cols = cols, .data = w->data, .global_scale = 1.0f};
+        return K3_OK;
+    case K3_DTYPE_F8_E4M3:
+        if (decl == K3_QS_FP8_BLOCK) return decode_fp8(&c, w, rows, cols, out, err);
+        if (decl == K3_QS_NONE) {
+            if (!get(&c, "weight_scale") && !get(&c, "weight_scale_inv"))
+                return k3_fail(err, K3_ERR_MISSING,
+                               "%s: F8_E4M3 weight without its scale (%s.weight_scale or "
+                               ".weight_scale_inv)", w->name, module);
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: quantized tensor (F8_E4M3 + block scale) that no quantization "
+                           "declaration owns", w->name);
+        }
+        return k3_fail(err, K3_ERR_DTYPE, "%s: expected U8 (declared %s), found F8_E4M3", w->name,
+                       k3_qscheme_name(decl));
+    case K3_DTYPE_U8:
+        if (decl == K3_QS_NVFP4 || decl == K3_QS_NVFP4_CT)
+            return decode_nvfp4(&c, decl, w, rows, cols, out, err);
+        if (decl == K3_QS_MXFP4) return decode_mxfp4(&c, w, rows, cols, out, err);
+        if (decl == K3_QS_NONE)
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: quantized tensor (U8 packed) that no quantization declaration owns",
+                           w->name);
+        return k3_fail(err, K3_ERR_DTYPE, "%s: expected F8_E4M3 (declared %s), found U8", w->name,
+                       k3_qscheme_name(decl));
+    default:
+        break;
+    }
+    return k3_fail(err, K3_ERR_DTYPE, "%s: dtype %s is not a weight format k3 reads", w->name,
+                   tdt(w));
+}

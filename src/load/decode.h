@@ -1,0 +1,52 @@
+/* Tensor decoding: from checkpoint tensors (name, dtype, shape, bytes) to a validated
+ * k3_qmat, chosen by the tensor's dtype and the quantization declaration together
+ * (checkpoint-formats.md §3-§6 and §8.2 item 6). Nothing reaches a kernel that has not
+ * passed here: shapes, scale dtypes, NaN block scales and non-finite global scales are
+ * rejected with the tensor's name.
+ *
+ * The decoder never copies weight bytes: the qmat points into the views' data, which the
+ * caller keeps alive. Scalar global scales are converted into the qmat's floats. Left out:
+ * NVFP4_AWQ pre_quant_scale, gpt-oss stacked MXFP4, F4 dtype (no published K3 checkpoint
+ * uses them); FP8 block scales stored as BF16 (rejected by name, not converted). */
+#ifndef K3_LOAD_DECODE_H
+#define K3_LOAD_DECODE_H
+
+#include "base/base.h"
+#include "formats/qmat.h"
+#include "io/quant_config.h"
+
+/* A tensor as the decoder sees it; data holds nbytes bytes in file layout. */
+typedef struct k3_tview {
+    const char *name;
+    k3_dtype dtype;
+    int rank;
+    int64_t shape[K3_MAX_RANK];
+    const void *data;
+    uint64_t nbytes;
+} k3_tview;
+
+/* Looks a tensor up by full name; NULL when absent. */
+typedef const k3_tview *(*k3_tview_find_fn)(void *ctx, const char *name);
+
+/* Decodes the linear module `module` (e.g. "...experts.7.w1"; its tensors are module +
+ * ".weight" etc.) of logical shape [rows, cols] under the declared scheme. plain_ok: a plain
+ * BF16/F16/F32 weight is also accepted under a 4-bit declaration (a compressed-tensors
+ * `Linear` class target, which cannot tell modules apart). Plain weights are always accepted
+ * under FP8_BLOCK (TensorRT-LLM keeps e.g. b_proj BF16). The tensors it consumed are
+ * reported through mark (may be NULL) so the caller can find orphans. */
+int k3_decode_linear(const char *module, k3_qscheme scheme, bool plain_ok, int64_t rows, int64_t cols,
+                     k3_tview_find_fn find, void *ctx, void (*mark)(void *ctx, const char *name),
+                     k3_qmat *out, k3_error *err);
+
+/* A plain (unquantized) tensor of exactly the given shape and one of the allowed dtypes
+ * (bitmask of 1u << k3_dtype). */
+int k3_decode_plain(const k3_tview *t, unsigned allowed_dtypes, int rank, const int64_t *shape,
+                    k3_error *err);
+
+/* Reads a scalar global scale ([] or [1], F32/BF16/F16) and checks it is finite and > 0. */
+int k3_decode_scalar(const k3_tview *t, float *out, k3_error *err);
+
+/* Formats "[a,b,c]" into buf (for messages). */
+const char *k3_shape_str(int rank, const int64_t *shape, char *buf, size_t size);
+
+#endif

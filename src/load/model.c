@@ -1,0 +1,455 @@
+/* k3_model_open: configs, tensor plan, validation, streaming read, decode, MoE assembly.
+ * See model.h for the memory rules and include/k3.h for the public side.
+ *
+ * Order of work: (1) configs and checkpoint headers; (2) match every checkpoint tensor to a
+ * plan entry, in both directions, before reading a byte (a missing expert or an orphan
+ * quantized tensor fails fast, whichever rank owns it); (3) read the selected tensors,
+ * sorted by (shard, offset), with a pool of pread threads; (4) decode and validate; (5) fill
+ * the MoE blocks. Left out: device upload and kernel-specific re-layouts (the backends make
+ * those from the k3_qmat file layout). */
+#include "load/model.h"
+
+#include "formats/fp.h"
+#include "moe/activation.h"
+#include "load/read.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const qsuffix[] = {"weight", "weight_packed", "weight_scale", "weight_scale_inv",
+                                      "weight_scale_2", "input_scale", "weight_global_scale",
+                                      "input_global_scale"};
+#define N_QSUFFIX (sizeof qsuffix / sizeof *qsuffix)
+
+void k3_model_close(k3_model *m) {
+    if (!m) return;
+    if (m->layers)
+        for (int64_t l = 0; l < m->mc.num_hidden_layers; l++) {
+            free(m->layers[l].experts);
+            free(m->layers[l].alpha);
+            free(m->layers[l].beta);
+            free(m->layers[l].bias_f32);
+        }
+    free(m->layers);
+    for (size_t i = 0; i < m->n_views; i++) free(m->bufs ? m->bufs[i] : NULL);
+    free(m->bufs);
+    free(m->views);
+    k3_name_table_free(&m->vt);
+    k3_name_table_free(&m->pt);
+    free(m->le);
+    k3_plan_free(&m->plan);
+    k3_quant_config_free(&m->qc);
+    k3_model_config_free(&m->mc);
+    k3_checkpoint_close(m->ck);
+    free(m->path);
+    free(m);
+}
+
+static const k3_tview *find_view(void *ctx, const char *name) {
+    const k3_model *m = ctx;
+    size_t i;
+    return k3_name_table_get(&m->vt, name, &i) ? &m->views[i] : NULL;
+}
+
+const k3_lentry *k3_model_entry(const k3_model *m, const char *name) {
+    size_t i;
+    if (!m || !k3_name_table_get(&m->pt, name, &i)) return NULL;
+    return m->le[i].selected ? &m->le[i] : NULL;
+}
+
+const k3_moe_block *k3_model_moe(const k3_model *m, int l) {
+    if (!m || l < 0 || l >= m->mc.num_hidden_layers) return NULL;
+    const k3_mlayer *ml = &m->layers[l];
+    return ml->loaded && ml->has_moe ? &ml->moe : NULL;
+}
+
+const k3_model_config *k3_model_mc(const k3_model *m) { return &m->mc; }
+
+int k3_model_get_info(const k3_model *m, k3_model_info *o) {
+    if (!m || !o) return K3_ERR_ARG;
+    *o = (k3_model_info){.n_layers = (int)m->mc.num_hidden_layers,
+                         .n_experts = (int)m->mc.num_experts, .ep_first = m->ep.first,
+                         .ep_count = m->ep.count, .top_k = (int)m->mc.num_experts_per_token,
+                         .hidden = m->mc.hidden_size, .vocab = m->mc.vocab_size,
+                         .bytes_read = m->bytes_read, .bytes_kept = m->bytes_kept,
+                         .load_seconds = m->load_seconds, .prefix = m->plan.prefix};
+    return K3_OK;
+}
+
+static bool is_vision(const char *name) {
+    return !strncmp(name, "vision_tower.", 13) || !strncmp(name, "mm_projector.", 13);
+}
+
+static uint64_t tensor_bytes(const k3_model *m, int64_t k) {
+    k3_tensor_info ti;
+    return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? 0 : ti.nbytes;
+}
+static k3_dtype tensor_dtype(const k3_model *m, int64_t k) {
+    k3_tensor_info ti;
+    return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? K3_DTYPE_INVALID : ti.dtype;
+}
+
+/* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
+static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error *err) {
+    size_t nt = k3_checkpoint_tensor_count(m->ck);
+    uint8_t *claimed = calloc(nt ? nt : 1, 1);
+    bool *wanted = calloc(nt ? nt : 1, sizeof *wanted);
+    if (!claimed || !wanted) {
+        free(claimed), free(wanted);
+        return k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
+    }
+    int rc = K3_OK;
+    for (size_t i = 0; i < m->plan.n && !rc; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        k3_lentry *le = &m->le[i];
+        le->selected = (e->layer < 0 || layer_sel[e->layer]) &&
+                       (e->expert < 0 || k3_ep_owns(&m->ep, e->expert));
+        if (!e->linear) {
+            int64_t k = k3_checkpoint_find(m->ck, e->name);
+            if (k < 0) {
+                rc = k3_fail(err, K3_ERR_MISSING, "%s: missing from %s", e->name, m->path);
+                break;
+            }
+            claimed[k] = 1;
+            wanted[k] |= le->selected;
+            le->bytes = tensor_bytes(m, k);
+            continue;
+        }
+        k3_qdecl d;
+        rc = e->role == K3_R_EXPERT ? k3_quant_resolve_experts(&m->qc, e->layer, &d, err)
+                                    : k3_quant_resolve(&m->qc, e->name, &d, err);
+        if (rc) break;
+        le->scheme = d.scheme;
+        /* plain weights are unambiguous where the declaration is only a class target or a
+         * default (nothing declared for a layer's experts means MXFP4 for the original K3
+         * checkpoint, but a BF16 `.weight` there is still just BF16) */
+        le->plain_ok = d.by_class || d.defaulted;
+        int found = 0;
+        int64_t kw = -1, kp = -1;
+        char name[600];
+        for (size_t s = 0; s < N_QSUFFIX; s++) {
+            snprintf(name, sizeof name, "%s.%s", e->name, qsuffix[s]);
+            int64_t k = k3_checkpoint_find(m->ck, name);
+            if (k < 0) continue;
+            found++;
+            claimed[k] = 1;
+            wanted[k] |= le->selected;
+            le->bytes += tensor_bytes(m, k);
+            if (s == 0 || s == 1) le->wdtype = tensor_dtype(m, k);
+            if (s == 0) kw = k;
+            if (s == 1) kp = k;
+        }
+        if (kw >= 0 && kp >= 0)
+            rc = k3_fail(err, K3_ERR_DUPLICATE, "%s: present twice, as .weight and .weight_packed",
+                         e->name);
+        else if (kw < 0 && kp < 0)
+            rc = k3_fail(err, K3_ERR_MISSING, "%s.%s: missing from %s", e->name,
+                         le->scheme == K3_QS_MXFP4 || le->scheme == K3_QS_NVFP4_CT ? "weight_packed"
+                                                                                   : "weight",
+                         m->path);
+        (void)found;
+    }
+    /* orphans: a quantized tensor nobody owns is an error; a plain one a warning, as
+     * TensorRT-LLM's key validation does */
+    for (size_t k = 0; k < nt && !rc; k++) {
+        if (claimed[k]) continue;
+        k3_tensor_info ti;
+        if ((rc = k3_checkpoint_tensor_info(m->ck, k, &ti, err))) break;
+        if (is_vision(ti.name)) continue;
+        const char *dot = strrchr(ti.name, '.');
+        bool scale_name = dot && strstr(dot, "scale");
+        bool qdtype = ti.dtype == K3_DTYPE_U8 || ti.dtype == K3_DTYPE_F8_E4M3 ||
+                      ti.dtype == K3_DTYPE_F8_E5M2 || ti.dtype == K3_DTYPE_F8_E8M0 ||
+                      ti.dtype == K3_DTYPE_F4;
+        if (qdtype || scale_name)
+            rc = k3_fail(err, K3_ERR_FORMAT,
+                         "%s: quantized tensor (%s) that no declaration or model tensor owns",
+                         ti.name, k3_dtype_name(ti.dtype));
+        else
+            k3_warn("%s: unexpected tensor (not part of the model config), ignored", ti.name);
+    }
+    free(claimed);
+    if (rc) free(wanted);
+    else *wanted_out = wanted;
+    return rc;
+}
+
+/* A_log: [pad >= heads] with an exactly-zero tail (K3) or [1,1,H,1] (Kimi-Linear). */
+static int check_a_log(const k3_tview *t, int64_t heads, int64_t pad, k3_error *err) {
+    int64_t s1[1] = {pad}, s4[4] = {1, 1, heads, 1};
+    unsigned dts = (1u << K3_DTYPE_F32) | (1u << K3_DTYPE_BF16) | (1u << K3_DTYPE_F16);
+    bool r4 = t->rank == 4;
+    int rc = k3_decode_plain(t, dts, r4 ? 4 : 1, r4 ? s4 : s1, err);
+    if (rc || r4) return rc;
+    size_t es = t->dtype == K3_DTYPE_F32 ? 4 : 2;
+    for (int64_t i = heads; i < pad; i++) {
+        float v;
+        if (es == 4) memcpy(&v, (const char *)t->data + i * 4, 4);
+        else {
+            uint16_t h;
+            memcpy(&h, (const char *)t->data + i * 2, 2);
+            v = t->dtype == K3_DTYPE_BF16 ? k3_bf16_to_f32(h) : k3_f16_to_f32(h);
+        }
+        if (v != 0.0f)
+            return k3_fail(err, K3_ERR_NUMERIC,
+                           "%s: padding entry %lld (beyond %lld heads) must be 0, found %g", t->name,
+                           (long long)i, (long long)heads, (double)v);
+    }
+    return K3_OK;
+}
+
+/* (4): decode every selected entry; w1/w3 input_scale agreement per expert. */
+static int decode_all(k3_model *m, k3_error *err) {
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        k3_lentry *le = &m->le[i];
+        if (!le->selected) continue;
+        int rc;
+        if (e->linear) {
+            rc = k3_decode_linear(e->name, le->scheme, le->plain_ok, e->shape[0], e->shape[1],
+                                  find_view, m, NULL, &le->q, err);
+        } else {
+            le->v = find_view(m, e->name);
+            if (!le->v) return k3_fail(err, K3_ERR_INTERNAL, "%s: not loaded", e->name);
+            rc = e->role == K3_R_KDA_A_LOG
+                     ? check_a_log(le->v, m->mc.kda_num_heads, e->shape[0], err)
+                     : k3_decode_plain(le->v, e->dtypes, e->rank, e->shape, err);
+        }
+        if (rc) return rc;
+    }
+    /* TensorRT-LLM asserts w1.input_scale == w3.input_scale per expert; k3 takes the max (its
+     * fc1 rule) and says so, since a mismatch changes the activation scale of both. */
+    bool gated = k3_act_is_gated(k3_plan_expert_act(&m->mc));
+    for (size_t i = 0; gated && i + 2 < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->role != K3_R_EXPERT || e->proj != 1 || !m->le[i].selected) continue;
+        k3_qmat *w1 = &m->le[i].q, *w3 = &m->le[i + 2].q;
+        if (w1->fmt != K3_WFMT_NVFP4 || w1->input_scale == w3->input_scale) continue;
+        float mx = fmaxf(w1->input_scale, w3->input_scale);
+        k3_warn("%s: w1.input_scale %.9g != w3.input_scale %.9g; using the max %.9g for both "
+                "(TensorRT-LLM's rule)", m->plan.e[i].name, (double)w1->input_scale,
+                (double)w3->input_scale, (double)mx);
+        w1->input_scale = w3->input_scale = mx;
+    }
+    return K3_OK;
+}
+
+/* (5) */
+static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
+    const k3_model_config *mc = &m->mc;
+    const int64_t H = mc->hidden_size;
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->layer < 0 || !layer_sel[e->layer]) continue;
+        k3_mlayer *ml = &m->layers[e->layer];
+        ml->loaded = true;
+        if (mc->layers[e->layer].ffn != K3_FFN_MOE) continue;
+        k3_moe_block *b = &ml->moe;
+        const k3_lentry *le = &m->le[i];
+        if (!ml->has_moe) {
+            ml->has_moe = true;
+            int n = m->ep.count;
+            ml->experts = calloc((size_t)n, sizeof *ml->experts);
+            k3_act act = k3_plan_expert_act(mc);
+            bool situ = act == K3_ACT_SITU;
+            if (situ) {
+                ml->alpha = malloc((size_t)n * sizeof(float));
+                ml->beta = malloc((size_t)n * sizeof(float));
+            }
+            if (!ml->experts || (situ && (!ml->alpha || !ml->beta)))
+                return k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
+            for (int k = 0; situ && k < n; k++)
+                ml->alpha[k] = (float)mc->situ_beta, ml->beta[k] = (float)mc->situ_linear_beta;
+            ml->shared_alpha = (float)mc->situ_beta, ml->shared_beta = (float)mc->situ_linear_beta;
+            k3_act_params ap = {.act = act};
+            b->model_width = (int)H;
+            b->router = (k3_router){.fn = mc->route_fn, .n_experts = (int)mc->num_experts,
+                                    .top_k = (int)mc->num_experts_per_token,
+                                    .n_group = (int)mc->num_expert_group,
+                                    .topk_group = (int)mc->topk_group,
+                                    .renormalize = mc->moe_renormalize,
+                                    .routed_scaling_factor = (float)mc->routed_scaling_factor};
+            b->experts = (k3_experts){
+                .n_experts = (int)mc->num_experts, .first_local = m->ep.first, .n_local = n,
+                .hidden = (int)(mc->routed_expert_hidden_size > 0 ? mc->routed_expert_hidden_size : H),
+                .inter = (int)mc->moe_intermediate_size, .e = ml->experts, .act = ap};
+            b->experts.act.alpha = ml->alpha;
+            b->experts.act.beta = ml->beta;
+            b->latent = mc->routed_expert_hidden_size > 0;
+            b->norm_eps = (float)mc->rms_norm_eps;
+            b->n_shared = (int)mc->num_shared_experts;
+            b->shared_act = ap;
+            if (situ) b->shared_act.alpha = &ml->shared_alpha, b->shared_act.beta = &ml->shared_beta;
+        }
+        switch (e->role) {
+        case K3_R_ROUTER: b->router.gate = le->q; break;
+        case K3_R_ROUTER_BIAS:
+            if (le->v->dtype == K3_DTYPE_F32) {
+                b->router.correction_bias = le->v->data;
+            } else {
+                int64_t n = e->shape[0];
+                if (!(ml->bias_f32 = malloc((size_t)n * sizeof(float))))
+                    return k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
+                const uint16_t *h = le->v->data;
+                for (int64_t k = 0; k < n; k++)
+                    ml->bias_f32[k] = le->v->dtype == K3_DTYPE_BF16 ? k3_bf16_to_f32(h[k]) : k3_f16_to_f32(h[k]);
+                b->router.correction_bias = ml->bias_f32;
+            }
+            break;
+        case K3_R_LATENT_DOWN: b->latent_down = le->q; break;
+        case K3_R_LATENT_UP: b->latent_up = le->q; break;
+        case K3_R_LATENT_NORM:
+            b->latent_norm = le->v->data;
+            b->latent_norm_fmt = le->v->dtype == K3_DTYPE_F32 ? K3_WFMT_F32
+                                 : le->v->dtype == K3_DTYPE_F16 ? K3_WFMT_F16 : K3_WFMT_BF16;
+            break;
+        case K3_R_SHARED_GATE: b->shared_gate = le->q; break;
+        case K3_R_SHARED_UP: b->shared_up = le->q; break;
+        case K3_R_SHARED_DOWN: b->shared_down = le->q; break;
+        case K3_R_EXPERT:
+            if (le->selected) {
+                k3_expert *x = &ml->experts[e->expert - m->ep.first];
+                if (e->proj == 1) x->w1 = le->q;
+                else if (e->proj == 2) x->w2 = le->q;
+                else if (k3_act_is_gated(b->experts.act.act)) x->w3 = le->q;
+            }
+            break;
+        default: break;
+        }
+    }
+    return K3_OK;
+}
+
+static int detect_prefix(k3_model *m, const char **prefix, k3_error *err) {
+    if (k3_checkpoint_find(m->ck, "language_model.model.embed_tokens.weight") >= 0) *prefix = "language_model.";
+    else if (k3_checkpoint_find(m->ck, "model.embed_tokens.weight") >= 0) *prefix = "";
+    else
+        return k3_fail(err, K3_ERR_MISSING, "%s: no model.embed_tokens.weight (with or without the "
+                       "language_model. prefix): not a Kimi text checkpoint", m->path);
+    return K3_OK;
+}
+
+int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
+    *out = NULL;
+    if (!o || !o->path) return k3_fail(err, K3_ERR_ARG, "k3_model_open: path: missing");
+    int ep_size = o->ep_size > 1 ? o->ep_size : 1, ep_rank = o->ep_size > 1 ? o->ep_rank : 0;
+    if (o->ep_size < 0) return k3_fail(err, K3_ERR_ARG, "k3_model_open: ep_size: expected >= 0, found %d", o->ep_size);
+    if (o->n_threads < 0 || o->n_threads > 256)
+        return k3_fail(err, K3_ERR_ARG, "k3_model_open: n_threads: expected 0..256, found %d", o->n_threads);
+    double t0 = k3_now();
+    k3_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->path = strdup(o->path))) {
+        free(m);
+        return k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
+    }
+    k3_quant_config_init(&m->qc);
+    bool *layer_sel = NULL, *wanted = NULL;
+    char cfg[4096];
+    const char *prefix = "";
+    int rc = k3_checkpoint_open(&m->ck, o->path, err);
+    if (rc) goto fail;
+    snprintf(cfg, sizeof cfg, "%s/config.json", k3_checkpoint_path(m->ck));
+    if ((rc = k3_model_config_load(&m->mc, cfg, err))) goto fail;
+    if ((rc = k3_quant_config_load(&m->qc, k3_checkpoint_path(m->ck), err))) goto fail;
+    if ((rc = k3_quant_config_validate(&m->qc, err))) goto fail;
+    if ((rc = detect_prefix(m, &prefix, err))) goto fail;
+    if ((rc = k3_plan_build(&m->plan, &m->mc, prefix, err))) goto fail;
+    for (size_t i = 0, pl = strlen(prefix); i < m->plan.n && !rc; i++)
+        if (k3_name_table_put(&m->pt, m->plan.e[i].name + pl, i, NULL))
+            rc = k3_fail(err, K3_ERR_INTERNAL, "%s: twice in the tensor plan", m->plan.e[i].name);
+    if (rc) goto fail;
+    if (m->mc.n_moe > 0) {
+        if ((rc = k3_ep_partition((int)m->mc.num_experts, ep_size, ep_rank, &m->ep, err))) goto fail;
+    } else if (ep_size > 1) {
+        rc = k3_fail(err, K3_ERR_ARG, "k3_model_open: ep_size %d for a model without MoE layers", ep_size);
+        goto fail;
+    }
+    const int64_t NL = m->mc.num_hidden_layers;
+    layer_sel = calloc((size_t)NL, sizeof *layer_sel);
+    m->le = calloc(m->plan.n ? m->plan.n : 1, sizeof *m->le);
+    m->layers = calloc((size_t)NL, sizeof *m->layers);
+    if (!layer_sel || !m->le || !m->layers) {
+        rc = k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
+        goto fail;
+    }
+    for (int64_t l = 0; l < NL; l++) layer_sel[l] = o->layers == NULL;
+    for (int i = 0; o->layers && i < o->n_layers; i++) {
+        if (o->layers[i] < 0 || o->layers[i] >= NL) {
+            rc = k3_fail(err, K3_ERR_ARG, "k3_model_open: layers[%d]: expected in [0, %lld), found %d",
+                         i, (long long)NL, o->layers[i]);
+            goto fail;
+        }
+        layer_sel[o->layers[i]] = true;
+    }
+    if ((rc = match(m, layer_sel, &wanted, err))) goto fail;
+    if (o->headers_only) {
+        for (size_t i = 0; i < m->plan.n; i++) m->le[i].selected = false;
+        goto done;
+    }
+    k3_read_opts ro = {.n_threads = o->n_threads, .progress = o->progress != 0};
+    if ((rc = k3_read_tensors(m, wanted, &ro, err))) goto fail;
+    if ((rc = decode_all(m, err))) goto fail;
+    if ((rc = assemble(m, layer_sel, err))) goto fail;
+done:
+    m->load_seconds = k3_now() - t0;
+    free(layer_sel);
+    free(wanted);
+    *out = m;
+    return K3_OK;
+fail:
+    free(layer_sel);
+    free(wanted);
+    k3_model_close(m);
+    return rc;
+}
+
+/* ---- summaries without weights (inspect) ------------------------------------------ */
+
+static const char *expert_format(const k3_lentry *le) {
+    if (le->wdtype == K3_DTYPE_U8) {
+        switch (le->scheme) {
+        case K3_QS_NVFP4: return "NVFP4";
+        case K3_QS_NVFP4_CT: return "NVFP4-CT";
+        case K3_QS_MXFP4: return "MXFP4";
+        default: break;
+        }
+    }
+    if (le->wdtype == K3_DTYPE_F8_E4M3 && le->scheme == K3_QS_FP8_BLOCK) return "FP8-block";
+    return k3_dtype_name(le->wdtype);
+}
+
+int k3_model_layer_info(const k3_model *m, int l, k3_layer_info *o, k3_error *err) {
+    if (!m || !o || l < 0 || l >= m->mc.num_hidden_layers)
+        return k3_fail(err, K3_ERR_ARG, "k3_model_layer_info: layer: expected in [0, %lld), found %d",
+                       m ? (long long)m->mc.num_hidden_layers : 0LL, l);
+    const k3_layer_plan *lp = &m->mc.layers[l];
+    *o = (k3_layer_info){.attn = k3_attn_kind_name(lp->attn), .ffn = k3_ffn_kind_name(lp->ffn)};
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->layer != l) continue;
+        o->bytes += m->le[i].bytes;
+        if (e->role != K3_R_EXPERT) continue;
+        o->expert_bytes += m->le[i].bytes;
+        if (e->expert == 0 && e->proj == 1) o->expert_format = expert_format(&m->le[i]);
+    }
+    if (lp->ffn == K3_FFN_MOE) o->n_experts = (int)m->mc.num_experts;
+    return K3_OK;
+}
+
+int k3_model_rank_info(const k3_model *m, int ep_size, int rank, k3_rank_info *o, k3_error *err) {
+    k3_ep_part p;
+    if (!m || !o) return k3_fail(err, K3_ERR_ARG, "k3_model_rank_info: NULL argument");
+    if (m->mc.n_moe == 0) return k3_fail(err, K3_ERR_ARG, "ep_size: the model has no MoE layers");
+    int rc = k3_ep_partition((int)m->mc.num_experts, ep_size, rank, &p, err);
+    if (rc) return rc;
+    *o = (k3_rank_info){.first = p.first, .count = p.count};
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->role != K3_R_EXPERT) o->total_bytes += m->le[i].bytes;
+        else if (k3_ep_owns(&p, e->expert)) o->expert_bytes += m->le[i].bytes;
+    }
+    o->total_bytes += o->expert_bytes;
+    return K3_OK;
+}

@@ -1,0 +1,23 @@
+/* The streaming reader of k3_model_open: reads the wanted checkpoint tensors into buffers the
+ * model keeps, shard by shard in file order, with a pool of pread threads and
+ * posix_fadvise(DONTNEED) behind them, so neither the page cache nor the process grows with
+ * the bytes a rank skips. No mmap of whole shards: a 1.5 TB checkpoint mapped at once
+ * OOM-killed hosts (checkpoint-formats.md §1.5). Large tensors are split into chunks so the
+ * threads share them; every byte has one fixed destination, so any thread count gives
+ * identical buffers. */
+#ifndef K3_LOAD_READ_H
+#define K3_LOAD_READ_H
+
+#include "load/model.h"
+
+typedef struct k3_read_opts {
+    int n_threads;  /* 0: online CPUs */
+    bool progress;  /* \r line on stderr (bytes, GB/s, ETA) once the read passes one second */
+} k3_read_opts;
+
+#define K3_READ_CHUNK (16u << 20)
+
+/* wanted[k] for checkpoint tensor k. Fills m->views, m->bufs, m->vt, bytes_read/kept. */
+int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_error *err);
+
+#endif
