@@ -324,22 +324,12 @@ static int validate(const k3_experts *ex, k3_act_mode mode, const float *x, int 
     if (k < 1) return k3_fail(err, K3_ERR_ARG, "k: expected >= 1, found %d", k);
     if (T > 0 && (!x || !ids || !w || !y))
         return k3_fail(err, K3_ERR_ARG, "%s: NULL with T = %d", !x ? "x" : !ids ? "ids" : !w ? "w" : "y", T);
-    if (ex->n_experts < 1 || ex->n_local < 0 || ex->first_local < 0 ||
-        ex->first_local + ex->n_local > ex->n_experts)
-        return k3_fail(err, K3_ERR_ARG,
-                       "experts: local range [%d, %d) does not fit in %d experts", ex->first_local,
-                       ex->first_local + ex->n_local, ex->n_experts);
-    if (ex->hidden < 1 || ex->inter < 1)
-        return k3_fail(err, K3_ERR_SHAPE, "experts: hidden %d and inter %d must be >= 1",
-                       ex->hidden, ex->inter);
-    if (ex->n_local > 0 && !ex->e) return k3_fail(err, K3_ERR_ARG, "experts.e: NULL");
-    int rc = k3_act_params_validate(&ex->act, ex->n_local, err);
+    int rc = k3_experts_validate(ex, mode, err); /* geometry, activation params, mode rules */
     if (rc) return rc;
     for (int64_t i = 0; i < (int64_t)T * k; i++)
         if (ids[i] < 0 || ids[i] >= ex->n_experts)
             return k3_fail(err, K3_ERR_ARG, "ids[%lld][%lld]: expected an expert id in [0, %d), found %d",
                            (long long)(i / k), (long long)(i % k), ex->n_experts, (int)ids[i]);
-    if (ex->n_local == 0) return K3_OK;
     k3_wfmt fmt = ex->e[0].w1.fmt;
     if (fmt != K3_WFMT_NVFP4 && fmt != K3_WFMT_MXFP4 && fmt != K3_WFMT_BF16 && fmt != K3_WFMT_F32)
         return k3_fail(err, K3_ERR_UNSUPPORTED,
