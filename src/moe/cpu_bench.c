@@ -20,8 +20,10 @@
 
 #include "base/base.h"
 #include "base/threadpool.h"
+#include "cuda/k3_cuda.h"
 #include "formats/block.h"
 #include "formats/fp.h"
+#include "moe/activation.h"
 #include "moe/moe_cpu.h"
 
 #if defined(__x86_64__)
@@ -29,6 +31,7 @@
 #endif
 
 #define N_QUANTIZED 2 /* experts quantized from floats; the rest re-randomize their codes */
+#define BENCH_ACT K3_ACT_SITU /* Kimi K3's activation (betas 4.0 / 25.0) */
 
 static uint64_t mix64(uint64_t *s) { /* splitmix64 */
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -194,7 +197,7 @@ static void point_expert(bank *b, int e) {
     size_t off = 0;
     for (int j = 0; j < 3; j++) {
         q[j]->fmt = b->fmt;
-        q[j]->rows = j == 2 ? b->H : b->I;
+        q[j]->rows = j == 2 ? b->H : j == 1 && !b->mat_data[1] ? 0 : b->I;
         q[j]->cols = j == 2 ? b->I : b->H;
         q[j]->data = m + off;
         off += b->mat_data[j];
@@ -212,6 +215,7 @@ static int quantize_expert(bank *b, int e, k3_error *err) {
     uint64_t s = b->seed * 7919 + (uint64_t)e;
     for (int j = 0; j < 3; j++) {
         k3_qmat *q = j == 0 ? &b->e[e].w1 : j == 1 ? &b->e[e].w3 : &b->e[e].w2;
+        if (j == 1 && !k3_act_is_gated(BENCH_ACT)) continue; /* no up projection */
         int64_t n = q->rows * q->cols;
         float *wf = malloc((size_t)n * sizeof *wf);
         if (!wf) return k3_fail(err, K3_ERR_NOMEM, "bench: out of memory quantizing expert %d", e);
@@ -270,8 +274,10 @@ static void free_bank(bank *b) {
 }
 
 static int make_bank(bank *b, k3_threadpool *pool, k3_error *err) {
+    /* FC1 reads w1 and, for gated activations only, w3: k3_act_fc1_rows decides */
+    int64_t fc1 = k3_act_fc1_rows(BENCH_ACT, b->I);
     mat_sizes(b->fmt, b->I, b->H, &b->mat_data[0], &b->mat_scale[0]);
-    mat_sizes(b->fmt, b->I, b->H, &b->mat_data[1], &b->mat_scale[1]);
+    mat_sizes(b->fmt, fc1 - b->I, b->H, &b->mat_data[1], &b->mat_scale[1]);
     mat_sizes(b->fmt, b->H, b->I, &b->mat_data[2], &b->mat_scale[2]);
     b->bytes = 0;
     for (int j = 0; j < 3; j++) b->bytes += b->mat_data[j] + b->mat_scale[j];
@@ -367,14 +373,58 @@ static int parse_opts(const k3_bench_moe_opts *o, k3_wfmt *fmt, k3_act_mode *mod
         return k3_fail(err, K3_ERR_UNSUPPORTED, "isa %s: not supported by this CPU", i);
     if (*isa == K3_ISA_AUTO) *isa = k3_cpu_isa_best();
     if (!strcmp(be, "cuda") || !strcmp(be, "cuda-fused"))
-        return k3_fail(err, K3_ERR_UNSUPPORTED,
-                       "backend %s: not built/available (the CUDA MoE backends have not landed)", be);
-    if (!strcmp(be, "ref"))
-        return k3_fail(err, K3_ERR_UNSUPPORTED,
-                       "backend ref: not built/available yet (the float64 reference lands with "
-                       "the moeref work)");
-    if (strcmp(be, "cpu"))
+        return k3_have_cuda() ? K3_OK
+                              : k3_fail(err, K3_ERR_UNSUPPORTED,
+                                        "backend %s: not built/available (this k3 was built "
+                                        "without CUDA)", be);
+    if (strcmp(be, "cpu") && strcmp(be, "ref"))
         return k3_fail(err, K3_ERR_ARG, "backend: expected cpu, ref, cuda or cuda-fused, found '%s'", be);
+    return K3_OK;
+}
+
+/* The GPU backends through the GPU boundary's own benchmark (all experts resident on
+ * device 0, random valid bytes in kernel layout); the bandwidth column is the device's
+ * copy bandwidth measured in the same run, and there is no FMA probe (0). */
+static int bench_cuda(const k3_bench_moe_opts *o, k3_wfmt fmt, k3_act_mode mode,
+                      const int *tokens, int n_tokens, k3_bench_moe_row *rows,
+                      k3_bench_moe_env *env, k3_error *err) {
+    k3_cuda_backend cb = !strcmp(o->backend, "cuda") ? K3_CUDA_GROUPED : K3_CUDA_FUSED;
+    k3_cuda_bench_opts co = {.n_experts = o->n_experts ? o->n_experts : 896,
+                             .hidden = o->hidden ? o->hidden : 3584,
+                             .inter = o->inter ? o->inter : 3072,
+                             .top_k = o->top_k ? o->top_k : 16, .fmt = fmt, .act = BENCH_ACT,
+                             .mode = mode, .backend = cb, .warmup = o->warmup ? o->warmup : 3,
+                             .reps = o->repeats ? o->repeats : 20, .seed = o->seed ? o->seed : 1};
+    memset(env, 0, sizeof *env);
+    double bw = 0;
+    int rc = k3_cuda_copy_bandwidth((size_t)2 << 30, 5, &bw, err);
+    if (rc) return rc;
+    k3_cuda_bench *b = NULL;
+    if ((rc = k3_cuda_bench_open(&co, &b, err))) return rc;
+    for (int i = 0; i < n_tokens && !rc; i++) {
+        k3_cuda_bench_result r;
+        if ((rc = k3_cuda_bench_run(b, cb, tokens[i], &r, err))) break;
+        rows[i] = (k3_bench_moe_row){.tokens = tokens[i], .experts_touched = r.touched,
+                                     .t_median_s = r.us_median * 1e-6, .t_min_s = r.us_min * 1e-6,
+                                     .t_max_s = r.us_max * 1e-6, .weight_bytes = r.expert_bytes,
+                                     .flops = r.flops};
+    }
+    k3_cuda_bench_close(b);
+    if (rc) return rc;
+    snprintf(env->cpu, sizeof env->cpu, "GPU device 0");
+    snprintf(env->isa, sizeof env->isa, "cuda");
+    snprintf(env->format, sizeof env->format, "%s", o->format ? o->format : "nvfp4");
+    snprintf(env->mode, sizeof env->mode, "%s", o->mode ? o->mode : "w4a16");
+    snprintf(env->backend, sizeof env->backend, "%s", o->backend);
+    env->threads = 0;
+    env->n_experts = co.n_experts;
+    env->top_k = co.top_k;
+    env->hidden = co.hidden;
+    env->inter = co.inter;
+    env->experts_built = co.n_experts;
+    env->bytes_per_expert = rows[0].experts_touched > 0 ? rows[0].weight_bytes / rows[0].experts_touched : 0;
+    env->read_gbs = bw / 1e9;
+    env->warm = 1;
     return K3_OK;
 }
 
@@ -385,6 +435,10 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     k3_cpu_isa isa = K3_ISA_AUTO;
     int rc = parse_opts(o, &fmt, &mode, &isa, err);
     if (rc) return rc;
+    const char *be = o->backend ? o->backend : "cpu";
+    if (!strcmp(be, "cuda") || !strcmp(be, "cuda-fused"))
+        return bench_cuda(o, fmt, mode, tokens, n_tokens, rows, env, err);
+    int use_ref = !strcmp(be, "ref");
     if (n_tokens < 1 || !tokens || !rows || !env)
         return k3_fail(err, K3_ERR_ARG, "tokens: expected at least one token count");
     memset(env, 0, sizeof *env);
@@ -407,8 +461,9 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     if ((rc = k3_threadpool_create(threads, &pool, err))) return rc;
     bank b = {.fmt = fmt, .H = H, .I = I, .seed = o->seed ? o->seed : 1};
     size_t d, sc, per = 0;
-    mat_sizes(fmt, I, H, &d, &sc);
-    per += 2 * (d + sc);
+    int64_t fc1_rows = k3_act_fc1_rows(BENCH_ACT, I);
+    mat_sizes(fmt, fc1_rows, H, &d, &sc);
+    per += d + sc;
     mat_sizes(fmt, H, I, &d, &sc);
     per += d + sc;
     int fit = (int)(budget / (double)per);
@@ -475,7 +530,7 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         alpha[e] = 4.0f; /* Kimi K3's SiTU betas */
         beta[e] = 25.0f;
     }
-    ex.act = (k3_act_params){.act = K3_ACT_SITU, .alpha = alpha, .beta = beta};
+    ex.act = (k3_act_params){.act = BENCH_ACT, .alpha = alpha, .beta = beta};
     uint64_t rs = b.seed * 31337;
     for (int64_t i = 0; i < (int64_t)Tmax * H; i++) {
         double u1 = urand(&rs) + 1e-300, u2 = urand(&rs);
@@ -490,7 +545,8 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
             double g = 0;
             if (!o->warm) flush_and_probe(pool, &pr, &g);
             double s0 = k3_now();
-            rc = k3_moe_experts_cpu_isa(&ex, mode, x, T, ids, w, k, y, pool, isa, err);
+            rc = use_ref ? k3_moe_experts_ref_f32(NULL, &ex, mode, x, T, ids, w, k, y, err)
+                         : k3_moe_experts_cpu_isa(&ex, mode, x, T, ids, w, k, y, pool, isa, err);
             double el = k3_now() - s0;
             if (r >= warmup) {
                 times[r - warmup] = el;
@@ -509,13 +565,13 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         row->t_min_s = times[0];
         row->t_max_s = times[repeats - 1];
         row->weight_bytes = row->experts_touched * (double)b.bytes;
-        row->flops = 2.0 * T * k * 3.0 * H * I;
+        row->flops = 2.0 * T * k * (double)(fc1_rows + I) * H;
         row->read_gbs = repeats % 2 ? bws[repeats / 2] : 0.5 * (bws[repeats / 2 - 1] + bws[repeats / 2]);
     }
     free(alpha);
     free(beta);
     cpu_model(env->cpu, sizeof env->cpu);
-    snprintf(env->isa, sizeof env->isa, "%s", k3_cpu_isa_name(isa));
+    snprintf(env->isa, sizeof env->isa, "%s", use_ref ? "float64" : k3_cpu_isa_name(isa));
     snprintf(env->format, sizeof env->format, "%s", o->format ? o->format : "nvfp4");
     snprintf(env->mode, sizeof env->mode, "%s", o->mode ? o->mode : "w4a16");
     snprintf(env->backend, sizeof env->backend, "%s", o->backend ? o->backend : "cpu");
