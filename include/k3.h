@@ -154,6 +154,7 @@ typedef struct k3_model_opts {
     const int *layers;     /* decoder layers to load (0-indexed); NULL: all */
     int n_layers;          /* entries in layers */
     int progress;          /* 1: a \r progress line on stderr when the load takes over 1 s */
+    int headers_only;      /* 1: configs and tensor headers checked, no weight read (inspect) */
 } k3_model_opts;
 
 int k3_model_open(k3_model **out, const k3_model_opts *opts, k3_error *err);
@@ -173,6 +174,29 @@ typedef struct k3_model_info {
 
 int k3_model_get_info(const k3_model *m, k3_model_info *out);
 
+/* One decoder layer as the checkpoint stores it (valid after a headers_only open too). */
+typedef struct k3_layer_info {
+    const char *attn;          /* "KDA" or "MLA" */
+    const char *ffn;           /* "dense" or "MoE" */
+    int n_experts;             /* routed experts (0 for dense) */
+    const char *expert_format; /* "NVFP4", "NVFP4-CT", "MXFP4", "FP8-block", "BF16", ...; NULL if dense */
+    uint64_t bytes;            /* every tensor of the layer, scales included */
+    uint64_t expert_bytes;     /* the routed experts' part of bytes */
+} k3_layer_info;
+
+int k3_model_layer_info(const k3_model *m, int layer, k3_layer_info *out, k3_error *err);
+
+/* What expert-parallel rank `rank` of ep_size would hold (moe.md §2.6 partition): its
+ * experts [first, first + count), their bytes over all layers, and its whole share
+ * (every non-expert tensor plus those experts). */
+typedef struct k3_rank_info {
+    int first, count;
+    uint64_t expert_bytes;
+    uint64_t total_bytes;
+} k3_rank_info;
+
+int k3_model_rank_info(const k3_model *m, int ep_size, int rank, k3_rank_info *out, k3_error *err);
+
 /* ---- checkpoint writers (make-tiny, quantize) -------------------------------------- */
 
 /* Writes a complete Kimi-K3-architecture checkpoint with seeded random weights into dir:
@@ -189,6 +213,74 @@ typedef struct k3_make_tiny_opts {
 } k3_make_tiny_opts;
 
 int k3_make_tiny_checkpoint(const k3_make_tiny_opts *opts, k3_error *err);
+
+/* Converts a BF16/F16/F32 checkpoint into a published format: "nvfp4" (ModelOpt),
+ * "nvfp4-ct" (compressed-tensors), "mxfp4" (compressed-tensors) or "fp8-block" (ModelOpt
+ * FP8_PB_WO). Default selection: the routed experts (fp8-block: every linear layer); only /
+ * exclude are regular expressions (PCRE2) searched in module names. Routers, embeddings and
+ * lm_head are never quantized; every unselected tensor is copied unchanged. */
+typedef struct k3_quantize_opts {
+    const char *in, *out;
+    const char *to;
+    const char *const *only;    /* n_only patterns; a module is selected if any matches */
+    int n_only;
+    const char *const *exclude; /* n_exclude patterns; a match deselects */
+    int n_exclude;
+    int n_threads;              /* 0: online CPUs */
+    int progress;
+} k3_quantize_opts;
+
+int k3_quantize_checkpoint(const k3_quantize_opts *opts, k3_error *err);
+/* ---- benchmarks (`k3 bench moe`) ---------------------------------------------------- */
+
+/* One routed-expert layer timed on synthetic weights built in memory (k3's quantizer) with
+ * uniform random routing, plus the machine's own ceilings measured in the same run: a
+ * streaming-read bandwidth probe over a buffer much larger than the last-level cache and an
+ * FMA throughput probe, both on the same threads. Zero fields take the defaults shown. */
+typedef struct k3_bench_moe_opts {
+    const char *backend;   /* "cpu" (default), "ref", "cuda", "cuda-fused" */
+    const char *format;    /* "nvfp4" (default), "mxfp4", "bf16" */
+    const char *mode;      /* "w4a16" (default), "w4a4" (nvfp4), "w4a8" (mxfp4) */
+    const char *isa;       /* cpu backend: "auto" (default), "scalar", "avx2", "avx512" */
+    int n_experts, top_k, hidden, inter; /* 0: the Kimi K3 layer 896, 16, 3584, 3072 */
+    int experts_built;     /* distinct experts in memory (routing uses only these);
+                              0: as many as fit in mem_budget_gib, at most n_experts */
+    double mem_budget_gib; /* 0: 6 */
+    int threads;           /* 0: all online CPUs */
+    int repeats, warmup;   /* 0: 5 and 1 */
+    uint64_t seed;         /* routing and weights; 0: 1 */
+    int warm;              /* 1: one routing per token count and no cache flush between
+                              repeats (how micro-benchmarks such as ggml's perf mode run) */
+} k3_bench_moe_opts;
+
+typedef struct k3_bench_moe_row {
+    int tokens;
+    double experts_touched;   /* mean over the timed repeats (routing is redrawn each time) */
+    double t_median_s, t_min_s, t_max_s;
+    double weight_bytes;      /* expert weight + scale bytes the call must read (mean) */
+    double flops;             /* 2 * tokens * top_k * (3 * H * I gated, 2 * H * I not) */
+} k3_bench_moe_row;
+
+typedef struct k3_bench_moe_env {
+    char cpu[128];            /* model name from /proc/cpuinfo */
+    char isa[16];             /* kernel that ran (cpu backend) */
+    char format[16], mode[16], backend[16];
+    int threads;
+    int n_experts, top_k, hidden, inter;
+    int experts_built;        /* routing draws from these */
+    int experts_quantized;    /* of which quantized from random floats; the rest re-randomize
+                                 those packed codes (same format, valid codes, fresh memory) */
+    double bytes_per_expert;
+    double read_gbs;          /* streaming-read probe, GB/s (1e9 bytes) */
+    double probe_bytes;       /* size of its buffer */
+    double llc_bytes;         /* last-level cache size the OS reports (0 if unknown) */
+    double fma_gflops;        /* fp32 FMA peak probe with the kernel's vector width */
+    int warm;                 /* the run was warm (see k3_bench_moe_opts.warm) */
+} k3_bench_moe_env;
+
+/* rows[n_tokens] receives one row per entry of tokens[]. */
+int k3_bench_moe(const k3_bench_moe_opts *opts, const int *tokens, int n_tokens,
+                 k3_bench_moe_row *rows, k3_bench_moe_env *env, k3_error *err);
 
 #ifdef __cplusplus
 }

@@ -241,6 +241,43 @@ static void test_expert_parallel(void **s) {
     assert_null(m);
 }
 
+/* headers_only: nothing read; the rank preview equals what a real rank load reads */
+static void test_headers_only(void **s) {
+    (void)s;
+    k3_model *h = NULL;
+    k3_error e = {0};
+    k3_model_opts o = {.path = ckpt[K3_TINY_NVFP4_CT], .headers_only = 1};
+    assert_int_equal(k3_model_open(&h, &o, &e), K3_OK);
+    k3_model_info hi;
+    k3_model_get_info(h, &hi);
+    assert_int_equal(hi.bytes_read, 0);
+    assert_null(k3_model_moe(h, 1));
+    k3_layer_info li;
+    assert_int_equal(k3_model_layer_info(h, 0, &li, &e), K3_OK);
+    assert_string_equal(li.ffn, "dense");
+    assert_null(li.expert_format);
+    assert_int_equal(k3_model_layer_info(h, 3, &li, &e), K3_OK);
+    assert_string_equal(li.attn, "MLA");
+    assert_string_equal(li.expert_format, "NVFP4-CT");
+    assert_int_equal(li.n_experts, 16);
+    assert_true(li.expert_bytes > 0 && li.expert_bytes < li.bytes);
+    assert_int_equal(k3_model_layer_info(h, 4, &li, &e), K3_ERR_ARG);
+    for (int r = 0; r < 5; r++) {
+        k3_rank_info ri;
+        assert_int_equal(k3_model_rank_info(h, 5, r, &ri, &e), K3_OK);
+        k3_model *m = open_ok(ckpt[K3_TINY_NVFP4_CT], 5, r, 2);
+        k3_model_info mi;
+        k3_model_get_info(m, &mi);
+        assert_int_equal(ri.first, mi.ep_first);
+        assert_int_equal(ri.count, mi.ep_count);
+        assert_int_equal(ri.total_bytes, mi.bytes_read);
+        k3_model_close(m);
+    }
+    k3_rank_info ri;
+    assert_int_equal(k3_model_rank_info(h, 32, 0, &ri, &e), K3_ERR_ARG);
+    k3_model_close(h);
+}
+
 static void test_layer_subset(void **s) {
     (void)s;
     int layers[1] = {2};
@@ -349,7 +386,8 @@ static const char *tl_write(tlist *L, const char *src, const char *tag) {
         copy_file(a, b);
     }
     k3_error e = {0};
-    if (k3_st_write_sharded(dir, 2, L->t, L->n, NULL, NULL, 0, &e)) fail_msg("write: %s", e.msg);
+    static const char *const meta[1][2] = {{"format", "pt"}};
+    if (k3_st_write_sharded(dir, 2, L->t, L->n, NULL, meta, 1, &e)) fail_msg("write: %s", e.msg);
     return dir;
 }
 
@@ -405,10 +443,11 @@ static void test_bad_expert_twice(void **s) {
     mkdir(dir, 0755);
     k3_error e = {0};
     snprintf(path, sizeof path, "%s/a.safetensors", dir);
-    assert_int_equal(k3_st_write_file(path, L->t, L->n, NULL, 0, &e), K3_OK);
+    static const char *const meta[1][2] = {{"format", "pt"}};
+    assert_int_equal(k3_st_write_file(path, L->t, L->n, meta, 1, &e), K3_OK);
     k3_st_wtensor *one = tl_find(L, P "1.block_sparse_moe.experts.4.w3.weight_packed");
     snprintf(path, sizeof path, "%s/b.safetensors", dir);
-    assert_int_equal(k3_st_write_file(path, one, 1, NULL, 0, &e), K3_OK);
+    assert_int_equal(k3_st_write_file(path, one, 1, meta, 1, &e), K3_OK);
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/config.json", ckpt[K3_TINY_MXFP4]);
     snprintf(b, sizeof b, "%s/config.json", dir);
@@ -558,7 +597,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_nvfp4),   cmocka_unit_test(test_roundtrip_nvfp4_ct),
         cmocka_unit_test(test_roundtrip_mxfp4),   cmocka_unit_test(test_roundtrip_bf16),
         cmocka_unit_test(test_determinism),       cmocka_unit_test(test_expert_parallel),
-        cmocka_unit_test(test_layer_subset),      cmocka_unit_test(test_bad_missing_expert),
+        cmocka_unit_test(test_layer_subset),      cmocka_unit_test(test_headers_only),      cmocka_unit_test(test_bad_missing_expert),
         cmocka_unit_test(test_bad_expert_twice),  cmocka_unit_test(test_bad_scales),
         cmocka_unit_test(test_bad_fp8_and_orphans), cmocka_unit_test(test_bad_a_log_and_config),
         cmocka_unit_test(test_input_scale_rule),

@@ -82,7 +82,16 @@ static rss measure(const char *dir, int ep_size, int ep_rank, int threads) {
 }
 
 static void test_rss_bound(void **state) {
+#ifdef __SANITIZE_ADDRESS__
+    /* ASan's shadow memory and free quarantine make resident memory say nothing about the
+     * loader; the bound is measured in the plain build. */
+    fprintf(stderr, "SKIP: RSS bound is not measurable under AddressSanitizer\n");
+    skip();
+#endif
     (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* ASan's redzones and shadow memory are not the loader's */
+#endif
     snprintf(root, sizeof root, "/tmp/k3-test-rss-XXXXXX");
     assert_non_null(mkdtemp(root));
     /* one KDA + MoE layer; 36 BF16 experts of 3 x 1024 x 1024 (6 MiB each, 226 MB) */

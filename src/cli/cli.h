@@ -13,6 +13,8 @@ int cli_version(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_make_tiny(int argc, char **argv);
 int cli_moe(int argc, char **argv);
+int cli_quantize(int argc, char **argv);
+int cli_bench(int argc, char **argv);
 
 /* Prints "k3 <cmd>: <message>" to stderr and returns 1 (exit status for bad input). */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

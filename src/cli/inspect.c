@@ -9,8 +9,11 @@
  * as part of their weight. A sibling set that looks like a format but has the wrong dtype or
  * shape is a problem: it is shown in the report and the exit status is 1.
  *
- * The pieces are separate functions (classify, text report, JSON report) so that a per-layer
- * summary or an --ep-size N expert split can be added as one more pass over `item`. */
+ * The pieces are separate functions (classify, text report, JSON report). For a model
+ * directory (with config.json) a per-layer summary follows, read through k3_model_open with
+ * headers_only (configs, tensor plan and declarations checked, no weight read): attention
+ * kind, FFN kind, routed-expert format and count, bytes; --ep-size N adds which experts and
+ * bytes each expert-parallel rank would own (the partition of moe.md §2.6). */
 #include "cli/cli.h"
 
 #include <cjson/cJSON.h>
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef enum quant {
     Q_PLAIN = 0,
@@ -306,18 +310,104 @@ static cJSON *report_json(const k3_checkpoint *ck, const item *it, size_t n, con
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: k3 inspect PATH [--json]\n"
-               "  PATH        a .safetensors file or a checkpoint directory\n"
-               "  --json      machine-readable JSON on stdout (default: a table)\n"
-               "  -h, --help  this help\n");
+    fprintf(f, "usage: k3 inspect PATH [--json] [--ep-size N]\n"
+               "  PATH          a .safetensors file or a checkpoint directory\n"
+               "  --json        machine-readable JSON on stdout (default: a table)\n"
+               "  --ep-size N   preview the experts and bytes of each of N expert-parallel ranks\n"
+               "  -h, --help    this help\n");
+}
+
+/* The per-layer summary and the expert-parallel preview of a model directory. Returns 0, or
+ * 1 after printing an error. json: added to root; else printed as tables. */
+static int model_summary(const char *path, long ep_size, cJSON *root) {
+    char cfg[4096];
+    struct stat st;
+    snprintf(cfg, sizeof cfg, "%s/config.json", path);
+    if (stat(cfg, &st)) {
+        if (ep_size > 0) return cli_fail("inspect", "--ep-size: %s has no config.json", path);
+        return 0; /* a bare safetensors file or directory: nothing to summarize */
+    }
+    k3_model *m = NULL;
+    k3_error err = {0};
+    k3_model_opts o = {.path = path, .headers_only = 1};
+    if (k3_model_open(&m, &o, &err)) {
+        if (ep_size > 0) return cli_fail_err("inspect", &err);
+        fprintf(stderr, "k3 inspect: no per-layer summary: %s: %s\n", k3_status_str(err.status), err.msg);
+        return 0;
+    }
+    k3_model_info mi;
+    k3_model_get_info(m, &mi);
+    cJSON *layers = root ? cJSON_AddArrayToObject(root, "layers") : NULL;
+    if (!root) printf("\nlayers (%d, tensor prefix \"%s\"):\n  %5s  %-4s  %-5s  %7s  %-10s  %16s  %16s\n",
+                      mi.n_layers, mi.prefix, "LAYER", "ATTN", "FFN", "EXPERTS", "FORMAT", "BYTES",
+                      "EXPERT BYTES");
+    int rc = 0;
+    for (int l = 0; l < mi.n_layers && !rc; l++) {
+        k3_layer_info li;
+        if (k3_model_layer_info(m, l, &li, &err)) {
+            rc = cli_fail_err("inspect", &err);
+            break;
+        }
+        if (root) {
+            cJSON *o2 = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o2, "layer", l);
+            cJSON_AddStringToObject(o2, "attention", li.attn);
+            cJSON_AddStringToObject(o2, "ffn", li.ffn);
+            cJSON_AddNumberToObject(o2, "experts", li.n_experts);
+            if (li.expert_format) cJSON_AddStringToObject(o2, "expert_format", li.expert_format);
+            cJSON_AddItemToObject(o2, "bytes", json_u64(li.bytes));
+            cJSON_AddItemToObject(o2, "expert_bytes", json_u64(li.expert_bytes));
+            cJSON_AddItemToArray(layers, o2);
+        } else {
+            printf("  %5d  %-4s  %-5s  %7d  %-10s  %16" PRIu64 "  %16" PRIu64 "\n", l, li.attn, li.ffn,
+                   li.n_experts, li.expert_format ? li.expert_format : "-", li.bytes, li.expert_bytes);
+        }
+    }
+    if (!rc && ep_size > 0) {
+        cJSON *ranks = NULL;
+        if (root) {
+            cJSON *ep = cJSON_AddObjectToObject(root, "expert_parallel");
+            cJSON_AddNumberToObject(ep, "size", (double)ep_size);
+            ranks = cJSON_AddArrayToObject(ep, "ranks");
+        } else {
+            printf("\nexpert parallel over %ld ranks (%d experts per MoE layer):\n  %5s  %-13s  %16s  %16s\n",
+                   ep_size, mi.n_experts, "RANK", "EXPERTS", "EXPERT BYTES", "TOTAL BYTES");
+        }
+        for (int r = 0; r < ep_size && !rc; r++) {
+            k3_rank_info ri;
+            if (k3_model_rank_info(m, (int)ep_size, r, &ri, &err)) {
+                rc = cli_fail_err("inspect", &err);
+                break;
+            }
+            if (root) {
+                cJSON *o2 = cJSON_CreateObject();
+                cJSON_AddNumberToObject(o2, "rank", r);
+                cJSON_AddNumberToObject(o2, "first_expert", ri.first);
+                cJSON_AddNumberToObject(o2, "experts", ri.count);
+                cJSON_AddItemToObject(o2, "expert_bytes", json_u64(ri.expert_bytes));
+                cJSON_AddItemToObject(o2, "total_bytes", json_u64(ri.total_bytes));
+                cJSON_AddItemToArray(ranks, o2);
+            } else {
+                char range[32];
+                snprintf(range, sizeof range, "%d..%d", ri.first, ri.first + ri.count - 1);
+                printf("  %5d  %-13s  %16" PRIu64 "  %16" PRIu64 "\n", r, range, ri.expert_bytes,
+                       ri.total_bytes);
+            }
+        }
+    }
+    k3_model_close(m);
+    return rc;
 }
 
 int cli_inspect(int argc, char **argv) {
     const char *path = NULL;
     bool json = false;
+    long ep_size = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = true;
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--ep-size") && i + 1 < argc) {
+            if (cli_parse_int("inspect", "--ep-size", argv[++i], 1, 65536, &ep_size)) return 1;
+        }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
@@ -353,15 +443,15 @@ int cli_inspect(int argc, char **argv) {
         count(it, n, &t);
         if (json) {
             cJSON *root = report_json(ck, it, n, &t);
-            char *s = root ? cJSON_Print(root) : NULL;
-            if (s)
-                printf("%s\n", s);
-            else
-                rc = cli_fail("inspect", "out of memory building the JSON report");
+            if (root) rc = model_summary(path, ep_size, root);
+            char *s = root && !rc ? cJSON_Print(root) : NULL;
+            if (s) printf("%s\n", s);
+            else if (!rc) rc = cli_fail("inspect", "out of memory building the JSON report");
             cJSON_free(s);
             cJSON_Delete(root);
         } else {
             report_text(ck, it, n, &t);
+            rc = model_summary(path, ep_size, NULL);
         }
         if (!rc && t.problems) {
             for (size_t i = 0; i < n; i++)

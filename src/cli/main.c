@@ -16,8 +16,10 @@ static const struct {
 } commands[] = {
     {"version", cli_version, "print version, build commit and compiled backends"},
     {"inspect", cli_inspect, "list a checkpoint's tensors, shards, totals and quantization"},
+    {"quantize", cli_quantize, "convert a BF16 checkpoint to nvfp4 / nvfp4-ct / mxfp4 / fp8-block"},
     {"make-tiny", cli_make_tiny, "write a seeded Kimi-K3-architecture checkpoint (tiny/small/k3-layer)"},
     {"moe", cli_moe, "run one MoE layer of a checkpoint on tokens from a safetensors file"},
+    {"bench", cli_bench, "benchmarks with their floors: bench moe"},
 };
 
 static void usage(FILE *f) {

@@ -10,6 +10,7 @@
 #include "load/model.h"
 
 #include "formats/fp.h"
+#include "moe/activation.h"
 #include "load/read.h"
 
 #include <math.h>
@@ -36,6 +37,7 @@ void k3_model_close(k3_model *m) {
     free(m->bufs);
     free(m->views);
     k3_name_table_free(&m->vt);
+    k3_name_table_free(&m->pt);
     free(m->le);
     k3_plan_free(&m->plan);
     k3_quant_config_free(&m->qc);
@@ -52,10 +54,9 @@ static const k3_tview *find_view(void *ctx, const char *name) {
 }
 
 const k3_lentry *k3_model_entry(const k3_model *m, const char *name) {
-    size_t pl = strlen(m->plan.prefix);
-    for (size_t i = 0; i < m->plan.n; i++)
-        if (!strcmp(m->plan.e[i].name + pl, name)) return m->le[i].selected ? &m->le[i] : NULL;
-    return NULL;
+    size_t i;
+    if (!m || !k3_name_table_get(&m->pt, name, &i)) return NULL;
+    return m->le[i].selected ? &m->le[i] : NULL;
 }
 
 const k3_moe_block *k3_model_moe(const k3_model *m, int l) {
@@ -81,6 +82,15 @@ static bool is_vision(const char *name) {
     return !strncmp(name, "vision_tower.", 13) || !strncmp(name, "mm_projector.", 13);
 }
 
+static uint64_t tensor_bytes(const k3_model *m, int64_t k) {
+    k3_tensor_info ti;
+    return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? 0 : ti.nbytes;
+}
+static k3_dtype tensor_dtype(const k3_model *m, int64_t k) {
+    k3_tensor_info ti;
+    return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? K3_DTYPE_INVALID : ti.dtype;
+}
+
 /* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
 static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error *err) {
     size_t nt = k3_checkpoint_tensor_count(m->ck);
@@ -104,6 +114,7 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
             }
             claimed[k] = 1;
             wanted[k] |= le->selected;
+            le->bytes = tensor_bytes(m, k);
             continue;
         }
         k3_qdecl d;
@@ -111,7 +122,10 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
                                     : k3_quant_resolve(&m->qc, e->name, &d, err);
         if (rc) break;
         le->scheme = d.scheme;
-        le->plain_ok = d.by_class;
+        /* plain weights are unambiguous where the declaration is only a class target or a
+         * default (nothing declared for a layer's experts means MXFP4 for the original K3
+         * checkpoint, but a BF16 `.weight` there is still just BF16) */
+        le->plain_ok = d.by_class || d.defaulted;
         int found = 0;
         int64_t kw = -1, kp = -1;
         char name[600];
@@ -122,6 +136,8 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
             found++;
             claimed[k] = 1;
             wanted[k] |= le->selected;
+            le->bytes += tensor_bytes(m, k);
+            if (s == 0 || s == 1) le->wdtype = tensor_dtype(m, k);
             if (s == 0) kw = k;
             if (s == 1) kp = k;
         }
@@ -205,7 +221,8 @@ static int decode_all(k3_model *m, k3_error *err) {
     }
     /* TensorRT-LLM asserts w1.input_scale == w3.input_scale per expert; k3 takes the max (its
      * fc1 rule) and says so, since a mismatch changes the activation scale of both. */
-    for (size_t i = 0; i + 2 < m->plan.n; i++) {
+    bool gated = k3_act_is_gated(k3_plan_expert_act(&m->mc));
+    for (size_t i = 0; gated && i + 2 < m->plan.n; i++) {
         const k3_pentry *e = &m->plan.e[i];
         if (e->role != K3_R_EXPERT || e->proj != 1 || !m->le[i].selected) continue;
         k3_qmat *w1 = &m->le[i].q, *w3 = &m->le[i + 2].q;
@@ -235,7 +252,8 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
             ml->has_moe = true;
             int n = m->ep.count;
             ml->experts = calloc((size_t)n, sizeof *ml->experts);
-            bool situ = mc->hidden_act == K3_ACT_SITU;
+            k3_act act = k3_plan_expert_act(mc);
+            bool situ = act == K3_ACT_SITU;
             if (situ) {
                 ml->alpha = malloc((size_t)n * sizeof(float));
                 ml->beta = malloc((size_t)n * sizeof(float));
@@ -245,7 +263,7 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
             for (int k = 0; situ && k < n; k++)
                 ml->alpha[k] = (float)mc->situ_beta, ml->beta[k] = (float)mc->situ_linear_beta;
             ml->shared_alpha = (float)mc->situ_beta, ml->shared_beta = (float)mc->situ_linear_beta;
-            k3_act_params ap = {.act = situ ? K3_ACT_SITU : K3_ACT_SWIGLU};
+            k3_act_params ap = {.act = act};
             b->model_width = (int)H;
             b->router = (k3_router){.fn = mc->route_fn, .n_experts = (int)mc->num_experts,
                                     .top_k = (int)mc->num_experts_per_token,
@@ -295,7 +313,7 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
                 k3_expert *x = &ml->experts[e->expert - m->ep.first];
                 if (e->proj == 1) x->w1 = le->q;
                 else if (e->proj == 2) x->w2 = le->q;
-                else x->w3 = le->q;
+                else if (k3_act_is_gated(b->experts.act.act)) x->w3 = le->q;
             }
             break;
         default: break;
@@ -338,6 +356,10 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
     if ((rc = k3_quant_config_validate(&m->qc, err))) goto fail;
     if ((rc = detect_prefix(m, &prefix, err))) goto fail;
     if ((rc = k3_plan_build(&m->plan, &m->mc, prefix, err))) goto fail;
+    for (size_t i = 0, pl = strlen(prefix); i < m->plan.n && !rc; i++)
+        if (k3_name_table_put(&m->pt, m->plan.e[i].name + pl, i, NULL))
+            rc = k3_fail(err, K3_ERR_INTERNAL, "%s: twice in the tensor plan", m->plan.e[i].name);
+    if (rc) goto fail;
     if (m->mc.n_moe > 0) {
         if ((rc = k3_ep_partition((int)m->mc.num_experts, ep_size, ep_rank, &m->ep, err))) goto fail;
     } else if (ep_size > 1) {
@@ -362,10 +384,15 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
         layer_sel[o->layers[i]] = true;
     }
     if ((rc = match(m, layer_sel, &wanted, err))) goto fail;
+    if (o->headers_only) {
+        for (size_t i = 0; i < m->plan.n; i++) m->le[i].selected = false;
+        goto done;
+    }
     k3_read_opts ro = {.n_threads = o->n_threads, .progress = o->progress != 0};
     if ((rc = k3_read_tensors(m, wanted, &ro, err))) goto fail;
     if ((rc = decode_all(m, err))) goto fail;
     if ((rc = assemble(m, layer_sel, err))) goto fail;
+done:
     m->load_seconds = k3_now() - t0;
     free(layer_sel);
     free(wanted);
@@ -376,4 +403,53 @@ fail:
     free(wanted);
     k3_model_close(m);
     return rc;
+}
+
+/* ---- summaries without weights (inspect) ------------------------------------------ */
+
+static const char *expert_format(const k3_lentry *le) {
+    if (le->wdtype == K3_DTYPE_U8) {
+        switch (le->scheme) {
+        case K3_QS_NVFP4: return "NVFP4";
+        case K3_QS_NVFP4_CT: return "NVFP4-CT";
+        case K3_QS_MXFP4: return "MXFP4";
+        default: break;
+        }
+    }
+    if (le->wdtype == K3_DTYPE_F8_E4M3 && le->scheme == K3_QS_FP8_BLOCK) return "FP8-block";
+    return k3_dtype_name(le->wdtype);
+}
+
+int k3_model_layer_info(const k3_model *m, int l, k3_layer_info *o, k3_error *err) {
+    if (!m || !o || l < 0 || l >= m->mc.num_hidden_layers)
+        return k3_fail(err, K3_ERR_ARG, "k3_model_layer_info: layer: expected in [0, %lld), found %d",
+                       m ? (long long)m->mc.num_hidden_layers : 0LL, l);
+    const k3_layer_plan *lp = &m->mc.layers[l];
+    *o = (k3_layer_info){.attn = k3_attn_kind_name(lp->attn), .ffn = k3_ffn_kind_name(lp->ffn)};
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->layer != l) continue;
+        o->bytes += m->le[i].bytes;
+        if (e->role != K3_R_EXPERT) continue;
+        o->expert_bytes += m->le[i].bytes;
+        if (e->expert == 0 && e->proj == 1) o->expert_format = expert_format(&m->le[i]);
+    }
+    if (lp->ffn == K3_FFN_MOE) o->n_experts = (int)m->mc.num_experts;
+    return K3_OK;
+}
+
+int k3_model_rank_info(const k3_model *m, int ep_size, int rank, k3_rank_info *o, k3_error *err) {
+    k3_ep_part p;
+    if (!m || !o) return k3_fail(err, K3_ERR_ARG, "k3_model_rank_info: NULL argument");
+    if (m->mc.n_moe == 0) return k3_fail(err, K3_ERR_ARG, "ep_size: the model has no MoE layers");
+    int rc = k3_ep_partition((int)m->mc.num_experts, ep_size, rank, &p, err);
+    if (rc) return rc;
+    *o = (k3_rank_info){.first = p.first, .count = p.count};
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (e->role != K3_R_EXPERT) o->total_bytes += m->le[i].bytes;
+        else if (k3_ep_owns(&p, e->expert)) o->expert_bytes += m->le[i].bytes;
+    }
+    o->total_bytes += o->expert_bytes;
+    return K3_OK;
 }

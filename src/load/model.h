@@ -26,6 +26,8 @@ typedef struct k3_lentry {
     bool plain_ok;        /* declaration by class: plain weights accepted too */
     k3_qmat q;            /* linear entries, once decoded */
     const k3_tview *v;    /* plain entries, once loaded */
+    uint64_t bytes;       /* bytes of all its checkpoint tensors (scales included) */
+    k3_dtype wdtype;      /* linear: dtype of .weight / .weight_packed */
 } k3_lentry;
 
 typedef struct k3_mlayer {
@@ -49,6 +51,7 @@ struct k3_model {
     k3_tview *views;      /* loaded file tensors */
     size_t n_views;
     k3_name_table vt;     /* name -> views index */
+    k3_name_table pt;     /* plan entry name without the prefix -> plan index */
     void **bufs;          /* [n_views] owned, aligned */
     k3_mlayer *layers;    /* [num_hidden_layers] */
     uint64_t bytes_read, bytes_kept;

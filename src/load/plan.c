@@ -2,6 +2,8 @@
  * Kimi-Linear layout of checkpoint-formats.md §7.2 (q_proj without q_lora, g_a/g_b gates). */
 #include "load/plan.h"
 
+#include "moe/activation.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,10 @@
 #define BF16 (1u << K3_DTYPE_BF16)
 #define F16 (1u << K3_DTYPE_F16)
 #define FLOATS (F32 | BF16 | F16)
+
+k3_act k3_plan_expert_act(const k3_model_config *mc) {
+    return mc->hidden_act == K3_ACT_SILU ? K3_ACT_SWIGLU : mc->hidden_act;
+}
 
 int64_t k3_plan_a_log_len(int64_t heads) { return (heads + 127) / 128 * 128; }
 
@@ -155,8 +161,9 @@ int k3_plan_build(k3_plan *p, const k3_model_config *mc, const char *prefix, k3_
             LIN(K3_R_SHARED_UP, l, S, H, "%s.%d.%s.shared_experts.up_proj", L, l, M);
             LIN(K3_R_SHARED_DOWN, l, H, S, "%s.%d.%s.shared_experts.down_proj", L, l, M);
         }
+        const int n_proj = k3_act_is_gated(k3_plan_expert_act(mc)) ? 3 : 2; /* w3: gated only */
         for (int e = 0; e < (int)E; e++)
-            for (int w = 1; w <= 3; w++) {
+            for (int w = 1; w <= n_proj; w++) {
                 int64_t s[2] = {w == 2 ? Lw : I, w == 2 ? I : Lw};
                 if ((rc = add(p, err, true, K3_R_EXPERT, l, e, w, 0, 2, s, "%s.%d.%s.experts.%d.w%d",
                               L, l, M, e, w)))

@@ -55,6 +55,10 @@ typedef struct k3_plan {
 int k3_plan_build(k3_plan *p, const k3_model_config *mc, const char *prefix, k3_error *err);
 void k3_plan_free(k3_plan *p); /* NULL-safe, leaves an empty plan */
 
+/* The routed experts' activation: config.json's "silu" is the gated SwiGLU of Kimi-Linear,
+ * "situ" SiTU-GLU. Whether w3 exists follows k3_act_is_gated of this (moe/activation.h). */
+k3_act k3_plan_expert_act(const k3_model_config *mc);
+
 /* The K3 convention for A_log padding: heads rounded up to a multiple of 128 ([96] -> [128]). */
 int64_t k3_plan_a_log_len(int64_t heads);
 

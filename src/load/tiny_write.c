@@ -1,26 +1,17 @@
-/* make-tiny's weight generator and shard writer; see tiny.h.
- *
- * Work is one plan entry at a time (a linear module or a plain tensor): its float values are
- * generated from (seed, name), quantized in the declared scheme and handed to the streaming
- * safetensors writer of the shard it belongs to. Worker threads take entries in plan order;
- * the file layout is fixed before any byte is written, so the order in which workers finish
- * changes nothing on disk. Peak memory is a few entries per thread (the largest K3 entry is
- * a 12288x7168 attention projection, 352 MB as floats). */
+/* make-tiny's weight generator; see tiny.h. Each plan entry's float values come from
+ * (seed, name) alone, so any thread count writes the same bytes; the emitter (emit.h)
+ * quantizes them into the declared scheme and streams the shards. Peak memory is one entry
+ * per thread (the largest K3 entry is a 12288x7168 attention projection, 352 MB as floats). */
 #include "load/tiny.h"
 
-#include "formats/block.h"
-#include "formats/fp.h"
-#include "io/json.h"
-#include "io/safetensors.h"
+#include "load/emit.h"
 
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 /* ---- seeded values ------------------------------------------------------------------ */
 
@@ -68,7 +59,15 @@ void k3_tiny_values(uint64_t seed, const k3_pentry *e, float *out, int64_t n) {
     case K3_R_KDA_CONV: a = 0.5f; break;
     default: break;
     }
-    for (int64_t i = 0; i < n; i++) out[i] = a * unif(&s);
+    /* two 24-bit uniforms per 64-bit draw: generation keeps pace with the quantizers */
+    const float k = a / (float)(1 << 23);
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t z = splitmix(&s);
+        out[i] = k * (float)((int64_t)(z >> 40) - (1 << 23));
+        out[i + 1] = k * (float)((int64_t)((z >> 16) & 0xFFFFFF) - (1 << 23));
+    }
+    if (i < n) out[i] = a * unif(&s);
 }
 
 static void a_log_values(uint64_t seed, const k3_pentry *e, int64_t heads, float *out) {
@@ -77,186 +76,20 @@ static void a_log_values(uint64_t seed, const k3_pentry *e, int64_t heads, float
         out[i] = i < heads ? logf(8.5f + 7.5f * unif(&s)) : 0.0f;
 }
 
-/* ---- file tensors of one plan entry ----------------------------------------------- */
+/* ---- emitter callbacks ------------------------------------------------------------ */
 
-typedef struct ftensor {
-    char name[512];
-    k3_dtype dtype;
-    int rank;
-    uint64_t shape[4];
-    uint64_t nbytes;
-} ftensor;
+typedef struct gen { uint64_t seed; int64_t kda_heads; } gen;
 
-typedef struct item {
-    const k3_pentry *e;
-    k3_qscheme scheme;
-    k3_dtype plain_dtype;
-    ftensor t[4];
-    int nt;
-    uint64_t bytes;
-    int shard;
-} item;
-
-static void ft(item *it, const char *suffix, k3_dtype dt, int rank, uint64_t a, uint64_t b,
-               uint64_t c, uint64_t d) {
-    ftensor *f = &it->t[it->nt++];
-    snprintf(f->name, sizeof f->name, "%s%s", it->e->name, suffix);
-    f->dtype = dt, f->rank = rank;
-    uint64_t s[4] = {a, b, c, d};
-    memcpy(f->shape, s, sizeof s);
-    uint64_t numel;
-    k3_st_tensor_bytes(dt, rank, f->shape, &numel, &f->nbytes);
-    it->bytes += f->nbytes;
+static int gen_values(void *ctx, const k3_emit_item *it, float *out, int64_t n, k3_error *err) {
+    (void)err;
+    const gen *g = ctx;
+    if (it->e->role == K3_R_KDA_A_LOG) a_log_values(g->seed, it->e, g->kda_heads, out);
+    else k3_tiny_values(g->seed, it->e, out, n);
+    return K3_OK;
 }
 
-static void plan_item(item *it) {
-    const k3_pentry *e = it->e;
-    it->nt = 0, it->bytes = 0;
-    if (!e->linear) {
-        ft(it, "", it->plain_dtype, e->rank, (uint64_t)e->shape[0], (uint64_t)e->shape[1],
-           (uint64_t)e->shape[2], (uint64_t)e->shape[3]);
-        return;
-    }
-    uint64_t r = (uint64_t)e->shape[0], c = (uint64_t)e->shape[1];
-    switch (it->scheme) {
-    case K3_QS_FP8_BLOCK:
-        ft(it, ".weight", K3_DTYPE_F8_E4M3, 2, r, c, 0, 0);
-        ft(it, ".weight_scale", K3_DTYPE_F32, 4, (r + 127) / 128, 1, (c + 127) / 128, 1);
-        break;
-    case K3_QS_NVFP4:
-        ft(it, ".weight", K3_DTYPE_U8, 2, r, c / 2, 0, 0);
-        ft(it, ".weight_scale", K3_DTYPE_F8_E4M3, 2, r, c / 16, 0, 0);
-        ft(it, ".weight_scale_2", K3_DTYPE_F32, 0, 0, 0, 0, 0);
-        ft(it, ".input_scale", K3_DTYPE_F32, 0, 0, 0, 0, 0);
-        break;
-    case K3_QS_NVFP4_CT:
-        ft(it, ".weight_packed", K3_DTYPE_U8, 2, r, c / 2, 0, 0);
-        ft(it, ".weight_scale", K3_DTYPE_F8_E4M3, 2, r, c / 16, 0, 0);
-        ft(it, ".weight_global_scale", K3_DTYPE_F32, 1, 1, 0, 0, 0);
-        ft(it, ".input_global_scale", K3_DTYPE_F32, 1, 1, 0, 0, 0);
-        break;
-    case K3_QS_MXFP4:
-        ft(it, ".weight_packed", K3_DTYPE_U8, 2, r, c / 2, 0, 0);
-        ft(it, ".weight_scale", K3_DTYPE_U8, 2, r, c / 32, 0, 0);
-        break;
-    default:
-        ft(it, ".weight", K3_DTYPE_BF16, 2, r, c, 0, 0);
-        break;
-    }
-}
-
-/* Generates and quantizes one item into bufs[0..nt) (each t[i].nbytes). */
-static int produce(const item *it, uint64_t seed, int64_t kda_heads, void **bufs, k3_error *err) {
-    const k3_pentry *e = it->e;
-    int64_t n = 1;
-    for (int i = 0; i < e->rank; i++) n *= e->shape[i];
-    float *v = malloc((size_t)n * sizeof *v);
-    if (!v) return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", e->name);
-    if (e->role == K3_R_KDA_A_LOG) a_log_values(seed, e, kda_heads, v);
-    else k3_tiny_values(seed, e, v, n);
-    int rc = K3_OK;
-    int64_t r = e->shape[0], c = e->linear ? e->shape[1] : 0;
-    if (!e->linear || it->scheme == K3_QS_NONE) {
-        k3_dtype dt = it->t[0].dtype;
-        for (int64_t i = 0; i < n; i++) {
-            if (dt == K3_DTYPE_F32) ((float *)bufs[0])[i] = v[i];
-            else ((uint16_t *)bufs[0])[i] = k3_f32_to_bf16(v[i]);
-        }
-    } else if (it->scheme == K3_QS_FP8_BLOCK) {
-        rc = k3_fp8_block_quantize(v, r, c, bufs[0], bufs[1], err);
-    } else if (it->scheme == K3_QS_NVFP4 || it->scheme == K3_QS_NVFP4_CT) {
-        float ws2, in = k3_tiny_input_scale(seed, e->name);
-        rc = k3_nvfp4_quantize_weight(v, r, c, bufs[0], bufs[1], &ws2, err);
-        if (it->scheme == K3_QS_NVFP4_CT) ws2 = 1.0f / ws2, in = 1.0f / in;
-        memcpy(bufs[2], &ws2, 4);
-        memcpy(bufs[3], &in, 4);
-    } else if (it->scheme == K3_QS_MXFP4) {
-        rc = k3_mxfp4_quantize(v, r, c, bufs[0], bufs[1], err);
-    } else {
-        rc = k3_fail(err, K3_ERR_UNSUPPORTED, "%s: make-tiny cannot write scheme %s", e->name,
-                     k3_qscheme_name(it->scheme));
-    }
-    free(v);
-    if (rc && err && !strstr(err->msg, e->name)) {
-        char m[sizeof err->msg];
-        snprintf(m, sizeof m, "%s", err->msg);
-        k3_fail(err, rc, "%s: %s", e->name, m);
-    }
-    return rc;
-}
-
-static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err);
-
-/* ---- the run ----------------------------------------------------------------------- */
-
-typedef struct run {
-    item *items;
-    size_t n_items;
-    size_t next;          /* next item to produce (under mu) */
-    size_t *order;        /* items of the current shard */
-    size_t n_order;
-    k3_st_writer *w;
-    uint64_t seed;
-    int64_t kda_heads;
-    pthread_mutex_t mu;
-    int rc;
-    k3_error err;
-    uint64_t done_bytes, total_bytes;
-    double t0, last;
-    bool progress, printed;
-} run;
-
-static void progress_line(run *R, bool final) {
-    double now = k3_now(), dt = now - R->t0;
-    if (!R->progress || (!final && (now - R->last < 0.5 || dt < 1.0)) || (final && !R->printed))
-        return;
-    R->last = now, R->printed = true;
-    double gbs = dt > 0 ? (double)R->done_bytes / dt / 1e9 : 0;
-    double eta = gbs > 0 ? (double)(R->total_bytes - R->done_bytes) / 1e9 / gbs : 0;
-    fprintf(stderr, "\rk3: make-tiny: %.2f / %.2f GB, %.2f GB/s, ETA %.0f s   ",
-            (double)R->done_bytes / 1e9, (double)R->total_bytes / 1e9, gbs, eta);
-    if (final) fputc('\n', stderr);
-}
-
-static void *worker(void *arg) {
-    run *R = arg;
-    for (;;) {
-        pthread_mutex_lock(&R->mu);
-        size_t k = R->next++;
-        bool stop = R->rc != K3_OK || k >= R->n_order;
-        pthread_mutex_unlock(&R->mu);
-        if (stop) return NULL;
-        const item *it = &R->items[R->order[k]];
-        void *bufs[4] = {0};
-        k3_error err = {0};
-        int rc = K3_OK;
-        for (int i = 0; i < it->nt && !rc; i++)
-            if (!(bufs[i] = malloc(it->t[i].nbytes ? it->t[i].nbytes : 1)))
-                rc = k3_fail(&err, K3_ERR_NOMEM, "%s: out of memory", it->t[i].name);
-        if (!rc) rc = produce(it, R->seed, R->kda_heads, bufs, &err);
-        pthread_mutex_lock(&R->mu);
-        for (int i = 0; i < it->nt && !rc; i++)
-            rc = k3_st_writer_put(R->w, it->t[i].name, bufs[i], it->t[i].nbytes, &err);
-        if (rc && R->rc == K3_OK) R->rc = rc, R->err = err;
-        R->done_bytes += it->bytes;
-        progress_line(R, false);
-        pthread_mutex_unlock(&R->mu);
-        for (int i = 0; i < it->nt; i++) free(bufs[i]);
-    }
-}
-
-static int write_json(const char *dir, const char *file, cJSON *j, k3_error *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    char *s = cJSON_Print(j);
-    if (!s) return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", path);
-    FILE *f = fopen(path, "w");
-    int rc = K3_OK;
-    if (!f || fputs(s, f) < 0 || fputc('\n', f) < 0)
-        rc = k3_fail(err, K3_ERR_IO, "%s: %s", path, strerror(errno));
-    if (f && fclose(f) && !rc) rc = k3_fail(err, K3_ERR_IO, "%s: %s", path, strerror(errno));
-    free(s);
-    return rc;
+static float gen_input_scale(void *ctx, const k3_emit_item *it) {
+    return k3_tiny_input_scale(((const gen *)ctx)->seed, it->e->name);
 }
 
 /* A deep copy (the layer plan is owned). */
@@ -279,51 +112,7 @@ static k3_dtype plain_dtype_of(k3_role r) {
     }
 }
 
-static int write_shards(run *R, const char *dir, int n_shards, int n_threads, k3_error *err) {
-    cJSON *ix = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(ix, "metadata");
-    cJSON *map = cJSON_AddObjectToObject(ix, "weight_map");
-    cJSON_AddNumberToObject(meta, "total_size", (double)R->total_bytes);
-    int rc = K3_OK;
-    R->order = malloc(R->n_items * sizeof *R->order);
-    if (!R->order) rc = k3_fail(err, K3_ERR_NOMEM, "make-tiny: out of memory");
-    for (int s = 0; s < n_shards && !rc; s++) {
-        char file[64], path[4096];
-        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        snprintf(path, sizeof path, "%s/%s", dir, file);
-        R->n_order = 0;
-        for (size_t i = 0; i < R->n_items; i++)
-            if (R->items[i].shard == s) R->order[R->n_order++] = i;
-        if ((rc = k3_st_writer_new(&R->w, err))) break;
-        rc = k3_st_writer_metadata(R->w, "format", "pt", err);
-        for (size_t k = 0; k < R->n_order && !rc; k++) {
-            const item *it = &R->items[R->order[k]];
-            for (int i = 0; i < it->nt && !rc; i++) {
-                rc = k3_st_writer_declare(R->w, it->t[i].name, it->t[i].dtype, it->t[i].rank,
-                                          it->t[i].shape, err);
-                cJSON_AddStringToObject(map, it->t[i].name, file);
-            }
-        }
-        if (!rc) rc = k3_st_writer_begin(R->w, path, err);
-        if (!rc) {
-            R->next = 0;
-            pthread_t th[256];
-            int nt = 0;
-            for (; nt < n_threads && nt < 256; nt++)
-                if (pthread_create(&th[nt], NULL, worker, R)) break;
-            if (nt == 0) worker(R);
-            for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
-            if (R->rc) rc = R->rc, *err = R->err;
-        }
-        if (!rc) rc = k3_st_writer_finish(R->w, err);
-        k3_st_writer_free(R->w);
-        R->w = NULL;
-    }
-    if (!rc) rc = write_json(dir, "model.safetensors.index.json", ix, err);
-    cJSON_Delete(ix);
-    free(R->order);
-    R->order = NULL;
-    return rc;
-}
+static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err);
 
 int k3_make_tiny(const k3_tiny_opts *o, k3_error *err) { return k3_tiny_run(o, NULL, err); }
 
@@ -339,7 +128,7 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
     k3_model_config mc;
     k3_quant_config qc;
     k3_plan plan = {0};
-    item *items = NULL;
+    k3_emit_item *items = NULL;
     cJSON *inl = NULL, *hf = NULL;
     int rc = o->custom ? k3_model_config_copy(&mc, o->custom, err) : k3_tiny_config(o->preset, &mc, err);
     if (rc) return rc;
@@ -350,52 +139,33 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
         rc = k3_fail(err, K3_ERR_NOMEM, "make-tiny: out of memory");
         goto done;
     }
-    uint64_t total = 0;
     for (size_t i = 0; i < plan.n && !rc; i++) {
-        item *it = &items[i];
+        k3_emit_item *it = &items[i];
         it->e = &plan.e[i];
         it->plain_dtype = plain_dtype_of(it->e->role);
-        if (it->e->linear) {
-            k3_qdecl d;
-            if (it->e->role == K3_R_EXPERT) {
-                rc = k3_quant_resolve_experts(&qc, it->e->layer, &d, err);
-            } else {
-                char mod[512];
-                /* declarations are matched without the wrapper prefix variants mattering */
-                snprintf(mod, sizeof mod, "%s", it->e->name);
-                rc = k3_quant_resolve(&qc, mod, &d, err);
-            }
-            if (rc) break;
-            it->scheme = d.scheme;
-            /* the router and embeddings stay as they are, whatever a class target says */
-            if (it->e->role == K3_R_ROUTER || it->e->role == K3_R_EMBED ||
-                it->e->role == K3_R_LM_HEAD)
-                it->scheme = K3_QS_NONE;
-        }
-        plan_item(it);
-        total += it->bytes;
+        if (!it->e->linear) continue;
+        k3_qdecl d;
+        rc = it->e->role == K3_R_EXPERT ? k3_quant_resolve_experts(&qc, it->e->layer, &d, err)
+                                        : k3_quant_resolve(&qc, it->e->name, &d, err);
+        it->scheme = d.scheme;
+        /* the router and embeddings stay as they are, whatever a class target says */
+        if (it->e->role == K3_R_ROUTER || it->e->role == K3_R_EMBED || it->e->role == K3_R_LM_HEAD)
+            it->scheme = K3_QS_NONE;
     }
+    uint64_t total = 0;
+    if (!rc) rc = k3_emit_prepare(items, plan.n, &total, err);
     if (rc) goto done;
     if (bytes) {
         *bytes = total;
         goto done;
     }
-    int n_shards = o->n_shards > 0 ? o->n_shards : o->preset == K3_TINY_TINY ? 3 : o->preset == K3_TINY_SMALL ? 4 : 8;
-    uint64_t acc = 0;
-    for (size_t i = 0; i < plan.n; i++) {
-        int s = (int)((acc * (uint64_t)n_shards) / (total ? total : 1));
-        items[i].shard = s < n_shards ? s : n_shards - 1;
-        acc += items[i].bytes;
-    }
-    int nthr = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (nthr < 1) nthr = 1;
-    run R = {.items = items, .n_items = plan.n, .seed = o->seed, .kda_heads = mc.kda_num_heads,
-             .total_bytes = total, .t0 = k3_now(), .progress = o->progress};
-    pthread_mutex_init(&R.mu, NULL);
-    rc = write_shards(&R, o->dir, n_shards, nthr, err);
-    pthread_mutex_destroy(&R.mu);
-    if (!rc) progress_line(&R, true);
-    if (rc) goto done;
+    int n_shards = o->n_shards > 0 ? o->n_shards
+                   : o->preset == K3_TINY_TINY ? 3 : o->preset == K3_TINY_SMALL ? 4 : 8;
+    k3_emit_split(items, plan.n, n_shards, total);
+    gen g = {o->seed, mc.kda_num_heads};
+    k3_emit_src src = {&g, gen_values, gen_input_scale};
+    k3_emit_opts eo = {.n_threads = o->n_threads, .progress = o->progress, .what = "make-tiny"};
+    if ((rc = k3_emit(o->dir, items, plan.n, n_shards, total, &src, &eo, err))) goto done;
     /* config.json (with the inline quantization_config), hf_quant_config.json, tokenizer */
     if (qc.source != K3_QSRC_NONE && (rc = k3_quant_config_to_inline_json(&qc, &inl, err))) goto done;
     char path[4096];
@@ -403,7 +173,7 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
     if ((rc = k3_model_config_write(&mc, inl, path, err))) goto done;
     if (qc.source == K3_QSRC_MODELOPT) {
         if ((rc = k3_quant_config_to_hf_json(&qc, &hf, err))) goto done;
-        if ((rc = write_json(o->dir, "hf_quant_config.json", hf, err))) goto done;
+        if ((rc = k3_emit_json(o->dir, "hf_quant_config.json", hf, err))) goto done;
     }
     rc = k3_tiny_write_tokenizer(o->dir, mc.vocab_size, err);
 done:

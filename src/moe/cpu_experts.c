@@ -59,6 +59,7 @@ typedef struct plan {
     k3_act_mode mode;
     k3_dot_fn dot;
     k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
+    k3_rows_fn rows;   /* experts with one token: several rows per pass, or NULL */
     int chunk; /* input layout of the kernel for this format */
     bool gated;
     int64_t H, I;
@@ -161,6 +162,31 @@ static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
         float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
         int64_t i0 = (item % p->fc1_blocks) * FC1_ROWS, i1 = i0 + FC1_ROWS;
         if (i1 > p->I) i1 = p->I;
+        if (p->rows && !p->dot64 && p->off[a + 1] - p->off[a] == 1) {
+            /* one token: gate and up rows of two outputs (or four outputs) per pass */
+            int64_t r0 = p->off[a];
+            const float *xr = p->xin + (int64_t)p->row_tok[r0] * p->H;
+            int per = p->gated ? 2 : 4;
+            for (int64_t i = i0; i < i1; i += per) {
+                const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR];
+                float v[K3_CPU_NR];
+                int n = 0, m = (int)(i1 - i < per ? i1 - i : per);
+                for (int j = 0; j < m; j++) {
+                    qs[n] = row_data(&E->w1, i + j);
+                    ss[n++] = row_scale(&E->w1, i + j);
+                    if (p->gated) {
+                        qs[n] = row_data(&E->w3, i + j);
+                        ss[n++] = row_scale(&E->w3, i + j);
+                    }
+                }
+                p->rows(qs, ss, n, p->H, xr, v);
+                for (int j = 0; j < m; j++) {
+                    float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
+                    p->h[r0 * p->I + i + j] = k3_act_f32(&ex->act, le, g, u);
+                }
+            }
+            continue;
+        }
         for (int64_t i = i0; i < i1; i++) {
             for (int64_t r0 = p->off[a]; r0 < p->off[a + 1]; r0 += K3_CPU_NT) {
                 int nt = (int)(p->off[a + 1] - r0 < K3_CPU_NT ? p->off[a + 1] - r0 : K3_CPU_NT);
@@ -197,6 +223,21 @@ static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
         float s2 = out_scale(w2) * p->in2;
         int64_t n0 = (item % p->fc2_blocks) * FC2_ROWS, n1 = n0 + FC2_ROWS;
         if (n1 > p->H) n1 = p->H;
+        if (p->rows && p->off[a + 1] - p->off[a] == 1) {
+            int64_t r0 = p->off[a];
+            for (int64_t n = n0; n < n1; n += K3_CPU_NR) {
+                const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR];
+                float v[K3_CPU_NR];
+                int m = (int)(n1 - n < K3_CPU_NR ? n1 - n : K3_CPU_NR);
+                for (int j = 0; j < m; j++) {
+                    qs[j] = row_data(w2, n + j);
+                    ss[j] = row_scale(w2, n + j);
+                }
+                p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v);
+                for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
+            }
+            continue;
+        }
         for (int64_t n = n0; n < n1; n++) {
             for (int64_t r0 = p->off[a]; r0 < p->off[a + 1]; r0 += K3_CPU_NT) {
                 int nt = (int)(p->off[a + 1] - r0 < K3_CPU_NT ? p->off[a + 1] - r0 : K3_CPU_NT);
@@ -342,6 +383,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     p.dot = fmt == K3_WFMT_NVFP4 ? kern->nvfp4 : fmt == K3_WFMT_MXFP4 ? kern->mxfp4
           : fmt == K3_WFMT_BF16 ? kern->bf16 : kern->f32;
     p.chunk = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_chunk : 1;
+    p.rows = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_rows : fmt == K3_WFMT_MXFP4 ? kern->mxfp4_rows : NULL;
     p.gated = k3_act_is_gated(ex->act.act);
     if (mode == K3_MODE_W4A4) {
         float m1, m2;

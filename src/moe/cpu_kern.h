@@ -25,11 +25,18 @@ typedef void (*k3_dot_fn)(const uint8_t *row, const uint8_t *scale_row, int64_t 
 typedef void (*k3_dot64_fn)(const uint8_t *row, const uint8_t *scale_row, int64_t K,
                             const float *const *xs, int nt, double *out);
 
+/* One token against up to K3_CPU_NR rows at once (the T = 1 case): several independent
+ * weight streams in flight and the activation loaded once for all of them. Optional. */
+#define K3_CPU_NR 4
+typedef void (*k3_rows_fn)(const uint8_t *const *rows, const uint8_t *const *scale_rows, int nr,
+                           int64_t K, const float *x, float *out);
+
 typedef struct k3_cpu_kern {
     const char *name;
     int fp4_chunk; /* layout of inputs to NVFP4/MXFP4 rows; 1 = natural */
     k3_dot_fn nvfp4, mxfp4, bf16, f32;
     k3_dot64_fn nvfp4_64, mxfp4_64;
+    k3_rows_fn nvfp4_rows, mxfp4_rows; /* NULL: the caller loops over rows */
 } k3_cpu_kern;
 
 extern const k3_cpu_kern k3_cpu_kern_scalar, k3_cpu_kern_avx2, k3_cpu_kern_avx512;

@@ -72,7 +72,9 @@ TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_
         __m256 wa, wb;
         decode16(q + c / 2, mag, sign, &wa, &wb);
         __m256 s = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
-        for (int j = 0; j < nt; j++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++) {
+            if (j >= nt) break;
             __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
             p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
             acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
@@ -93,7 +95,9 @@ TAVX2 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, int nvfp4, int6
         __m256 wa, wb;
         decode16(q + c / 2, mag, sign, &wa, &wb);
         __m256d s = _mm256_set1_pd(stab[sc[c >> shift]]);
-        for (int j = 0; j < nt; j++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++) {
+            if (j >= nt) break;
             __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
             p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
             lo[j] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(p)), s, lo[j]);
@@ -136,8 +140,9 @@ TAVX2 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
     for (; c + 8 <= K; c += 8) {
         __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * c));
         __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        for (int j = 0; j < nt; j++)
-            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + c), acc[j]);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++)
+            if (j < nt) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + c), acc[j]);
     }
     for (int j = 0; j < nt; j++) {
         float a = hsum(acc[j]);
@@ -162,8 +167,9 @@ TAVX2 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
     int64_t c = 0;
     for (; c + 8 <= K; c += 8) {
         __m256 wv = _mm256_loadu_ps(wr + c);
-        for (int j = 0; j < nt; j++)
-            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + c), acc[j]);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++)
+            if (j < nt) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + c), acc[j]);
     }
     for (int j = 0; j < nt; j++) {
         float a = hsum(acc[j]);

@@ -15,6 +15,10 @@
 #include <immintrin.h>
 #include <string.h>
 
+/* Software prefetch distance in packed bytes: a single core's hardware prefetchers alone
+ * do not keep enough misses in flight to stream at DRAM speed. */
+#define PF_BYTES 2048
+
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 
 T512 static inline __m512 scale_nv(const uint8_t *sc) {
@@ -56,6 +60,7 @@ T512 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t
         int64_t c = 0;
         for (; c + 64 <= K32; c += 64) {
             __m512 wa0, wb0, wa1, wb1;
+            _mm_prefetch((const char *)(q + c / 2 + PF_BYTES), _MM_HINT_T0);
             decode32(q + c / 2, tbl, &wa0, &wb0);
             decode32(q + c / 2 + 16, tbl, &wa1, &wb1);
             __m512 s0 = nvfp4 ? scale_nv(sc + c / 16) : _mm512_set1_ps(k3_cpu_e8m0[sc[c / 32]]);
@@ -84,7 +89,9 @@ T512 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t
             __m512 wa, wb;
             decode32(q + c / 2, tbl, &wa, &wb);
             __m512 s = nvfp4 ? scale_nv(sc + c / 16) : _mm512_set1_ps(k3_cpu_e8m0[sc[c / 32]]);
-            for (int j = 0; j < nt; j++) {
+#pragma GCC unroll 4
+            for (int j = 0; j < K3_CPU_NT; j++) {
+                if (j >= nt) break;
                 __m512 p = _mm512_mul_ps(wa, _mm512_loadu_ps(xs[j] + c));
                 p = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xs[j] + c + 16), p);
                 acc[j] = _mm512_fmadd_ps(p, s, acc[j]);
@@ -108,7 +115,9 @@ T512 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, int nvfp4, int64
         decode32(q + c / 2, tbl, &wa, &wb);
         __m512d s0 = _mm512_set1_pd(stab[nvfp4 ? sc[c / 16] : sc[c / 32]]);
         __m512d s1 = _mm512_set1_pd(stab[nvfp4 ? sc[c / 16 + 1] : sc[c / 32]]);
-        for (int j = 0; j < nt; j++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++) {
+            if (j >= nt) break;
             __m512 p = _mm512_mul_ps(wa, _mm512_loadu_ps(xs[j] + c));
             p = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xs[j] + c + 16), p);
             __m256 plo = _mm512_castps512_ps256(p);
@@ -143,6 +152,47 @@ T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot64(q, sc, 0, K, xs, nt, out);
 }
 
+/* T = 1 over nr rows: per chunk the activation pair is loaded once and each row adds its
+ * mul + 2 FMA; all nr rows stream concurrently (nr * 2 prefetch streams). */
+T512 static void fp4_rows(const uint8_t *const *qs, const uint8_t *const *scs, int nr, int nvfp4,
+                          int64_t K, const float *x, float *out) {
+    const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
+    const int64_t K32 = K & ~(int64_t)31;
+    __m512 acc[K3_CPU_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < K3_CPU_NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K32; c += 32) {
+        __m512 xa = _mm512_loadu_ps(x + c), xb = _mm512_loadu_ps(x + c + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < K3_CPU_NR; r++) {
+            if (r >= nr) break;
+            __m512 wa, wb;
+            _mm_prefetch((const char *)(qs[r] + c / 2 + PF_BYTES), _MM_HINT_T0);
+            decode32(qs[r] + c / 2, tbl, &wa, &wb);
+            __m512 s = nvfp4 ? scale_nv(scs[r] + c / 16) : _mm512_set1_ps(k3_cpu_e8m0[scs[r][c / 32]]);
+            __m512 p = _mm512_mul_ps(wa, xa);
+            p = _mm512_fmadd_ps(wb, xb, p);
+            acc[r] = _mm512_fmadd_ps(p, s, acc[r]);
+        }
+    }
+    const float *xs[1] = {x};
+    for (int r = 0; r < nr; r++) {
+        float a = _mm512_reduce_add_ps(acc[r]);
+        fp4_tail(qs[r], scs[r], nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0, nvfp4 ? 16 : 32, K32, K, xs, 1, &a);
+        out[r] = a;
+    }
+}
+
+T512 static void nvfp4_rows(const uint8_t *const *qs, const uint8_t *const *scs, int nr,
+                            int64_t K, const float *x, float *out) {
+    fp4_rows(qs, scs, nr, 1, K, x, out);
+}
+
+T512 static void mxfp4_rows(const uint8_t *const *qs, const uint8_t *const *scs, int nr,
+                            int64_t K, const float *x, float *out) {
+    fp4_rows(qs, scs, nr, 0, K, x, out);
+}
+
 T512 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
                            const float *const *xs, int nt, float *out) {
     fp4_dot(q, sc, 1, K, xs, nt, out);
@@ -163,8 +213,9 @@ T512 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
     for (; c + 16 <= K; c += 16) {
         __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * c));
         __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        for (int j = 0; j < nt; j++)
-            acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[j] + c), acc[j]);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++)
+            if (j < nt) acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[j] + c), acc[j]);
     }
     for (int j = 0; j < nt; j++) {
         float a = _mm512_reduce_add_ps(acc[j]);
@@ -189,8 +240,9 @@ T512 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
     int64_t c = 0;
     for (; c + 16 <= K; c += 16) {
         __m512 wv = _mm512_loadu_ps(wr + c);
-        for (int j = 0; j < nt; j++)
-            acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[j] + c), acc[j]);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++)
+            if (j < nt) acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs[j] + c), acc[j]);
     }
     for (int j = 0; j < nt; j++) {
         float a = _mm512_reduce_add_ps(acc[j]);
@@ -202,6 +254,7 @@ T512 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 const k3_cpu_kern k3_cpu_kern_avx512 = {
     .name = "avx512", .fp4_chunk = 32, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
+    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows,
 };
 #else
 const k3_cpu_kern k3_cpu_kern_avx512 = {.name = "avx512"};

@@ -74,10 +74,7 @@ def test_no_private_gated_sets():
 
 # Known violations waiting for their owner's fix, each with the reason. An entry that no
 # longer violates fails the test too, so the list cannot outlive the fix.
-PENDING = {
-    "src/load/model.c": "assemble() stores w3 for every expert without asking k3_act_is_gated "
-                        "(correct today: it only builds SiTU/SwiGLU banks); loader to fix",
-}
+PENDING = {}
 
 
 def test_fc1_readers_ask_the_table():

@@ -1,0 +1,191 @@
+/* k3 bench <what>: llama-bench-style tables that put every time next to its floor.
+ *
+ * `k3 bench moe` times one routed-expert layer (k3_bench_moe in k3.h) for several token
+ * counts and prints, per row: tokens, distinct experts touched, median time and the spread
+ * (min..max) over repeats after warm-up, GB/s of expert weights read and its fraction of the
+ * streaming-read bandwidth measured in the same run, GFLOP/s and its fraction of the FMA
+ * peak measured in the same run. A footer names the build commit, the CPU, both probes and
+ * how many experts were really built. Left out: -m DIR (timing a checkpoint's experts needs
+ * the checkpoint loader; rejected with that reason until it lands). */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TOKENS 32
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: k3 bench moe [options]\n"
+            "  -m, --model DIR        time a checkpoint's experts (not available yet)\n"
+            "      --preset NAME      k3-layer: 896 experts, top-16, H=3584, I=3072 (default)\n"
+            "      --tokens LIST      token counts (default 1,8,64,256,2048)\n"
+            "      --backend NAME     cpu | ref | cuda | cuda-fused (default cpu)\n"
+            "      --format NAME      nvfp4 | mxfp4 | bf16 (default nvfp4)\n"
+            "      --act MODE         w4a16 | w4a4 | w4a8 (default w4a16)\n"
+            "      --isa NAME         auto | scalar | avx2 | avx512 (default auto)\n"
+            "      --experts N        experts built in memory (default: as many as fit --mem-gib)\n"
+            "      --mem-gib G        memory for expert weights (default 6)\n"
+            "  -t, --threads N        threads (default: all online CPUs)\n"
+            "  -r, --repeats N        timed repeats after warm-up (default 5)\n"
+            "      --warmup N         untimed runs first (default 1)\n"
+            "      --warm             same routing every repeat, no cache flush (micro-benchmark\n"
+            "                         conditions; default: cold weights, routing redrawn)\n"
+            "  -s, --seed N           weights and routing seed (default 1)\n"
+            "  -o, --output FMT       md | csv | json (default md)\n");
+}
+
+static int parse_tokens(const char *s, int *out, int *n) {
+    char buf[512];
+    if (!s || strlen(s) >= sizeof buf) return cli_fail("bench moe", "--tokens: expected a list like 1,8,64");
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (*n == MAX_TOKENS) return cli_fail("bench moe", "--tokens: at most %d entries", MAX_TOKENS);
+        if (cli_parse_int("bench moe", "--tokens", tok, 1, 65536, &v)) return 1;
+        out[(*n)++] = (int)v;
+    }
+    if (*n == 0) return cli_fail("bench moe", "--tokens: expected a list like 1,8,64, got '%s'", s);
+    return 0;
+}
+
+static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_bench_moe_row *rows,
+                        int n) {
+    if (!strcmp(fmt, "json")) {
+        printf("{\"bench\": \"moe\", \"commit\": \"%s\", \"cpu\": \"%s\", \"backend\": \"%s\", "
+               "\"format\": \"%s\", \"act\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
+               "\"experts\": %d, \"top_k\": %d, \"hidden\": %d, \"inter\": %d, "
+               "\"experts_built\": %d, \"experts_quantized\": %d, \"bytes_per_expert\": %.0f, "
+               "\"read_gbs\": %.3f, \"probe_bytes\": %.0f, \"llc_bytes\": %.0f, "
+               "\"fma_gflops\": %.2f, \"warm\": %s, \"rows\": [",
+               k3_build_commit(), env->cpu, env->backend, env->format, env->mode, env->isa,
+               env->threads, env->n_experts, env->top_k, env->hidden, env->inter,
+               env->experts_built, env->experts_quantized, env->bytes_per_expert, env->read_gbs,
+               env->probe_bytes, env->llc_bytes, env->fma_gflops, env->warm ? "true" : "false");
+        for (int i = 0; i < n; i++) {
+            const k3_bench_moe_row *r = &rows[i];
+            printf("%s{\"tokens\": %d, \"experts_touched\": %.2f, \"median_s\": %.9f, "
+                   "\"min_s\": %.9f, \"max_s\": %.9f, \"weight_bytes\": %.0f, \"gbs\": %.3f, "
+                   "\"bw_fraction\": %.4f, \"gflops\": %.3f, \"flop_fraction\": %.4f}",
+                   i ? ", " : "", r->tokens, r->experts_touched, r->t_median_s, r->t_min_s,
+                   r->t_max_s, r->weight_bytes, r->weight_bytes / r->t_median_s / 1e9,
+                   r->weight_bytes / r->t_median_s / 1e9 / env->read_gbs,
+                   r->flops / r->t_median_s / 1e9, r->flops / r->t_median_s / 1e9 / env->fma_gflops);
+        }
+        printf("]}\n");
+        return;
+    }
+    int csv = !strcmp(fmt, "csv");
+    if (csv)
+        printf("backend,format,act,isa,threads,tokens,experts_touched,median_ms,min_ms,max_ms,gbs,"
+               "bw_pct,gflops,flop_pct\n");
+    else
+        printf("| backend | format | act | isa | threads | tokens | experts | time ms (median) | "
+               "spread ms (min..max) | GB/s | %% of read BW | GFLOP/s | %% of FMA peak |\n"
+               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++) {
+        const k3_bench_moe_row *r = &rows[i];
+        double gbs = r->weight_bytes / r->t_median_s / 1e9, gfl = r->flops / r->t_median_s / 1e9;
+        if (csv)
+            printf("%s,%s,%s,%s,%d,%d,%.1f,%.3f,%.3f,%.3f,%.2f,%.1f,%.2f,%.1f\n", env->backend,
+                   env->format, env->mode, env->isa, env->threads, r->tokens, r->experts_touched,
+                   r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3, gbs,
+                   100 * gbs / env->read_gbs, gfl, 100 * gfl / env->fma_gflops);
+        else
+            printf("| %s | %s | %s | %s | %d | %d | %.1f | %.3f | %.3f..%.3f | %.2f | %.1f%% | "
+                   "%.2f | %.1f%% |\n",
+                   env->backend, env->format, env->mode, env->isa, env->threads, r->tokens,
+                   r->experts_touched, r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3,
+                   gbs, 100 * gbs / env->read_gbs, gfl, 100 * gfl / env->fma_gflops);
+    }
+    if (csv) return;
+    printf("\nbuild %s; %s; %d threads. Layer: %d experts, top-%d, H=%d, I=%d, SiTU (4, 25); "
+           "%.2f MB of weights+scales per expert.\n",
+           k3_build_commit(), env->cpu, env->threads, env->n_experts, env->top_k, env->hidden,
+           env->inter, env->bytes_per_expert / 1e6);
+    printf("Experts built in memory: %d of %d (routing is uniform over those %d; %d quantized "
+           "from random floats by k3's quantizer, the rest re-randomized copies of their codes).\n",
+           env->experts_built, env->n_experts, env->experts_built, env->experts_quantized);
+    printf("Read bandwidth: %.2f GB/s (streaming read of %.2f GB, LLC %.0f MB, same threads); "
+           "FMA peak: %.1f GFLOP/s (fp32, %s width). %s\n",
+           env->read_gbs, env->probe_bytes / 1e9, env->llc_bytes / 1e6, env->fma_gflops,
+           env->isa,
+           env->warm ? "WARM: one routing per row, caches not flushed (weights may sit in the LLC)."
+                     : "Cold: caches flushed before every timed call; routing redrawn per repeat.");
+}
+
+static int bench_moe(int argc, char **argv) {
+    const char *cmd = "bench moe", *out = "md";
+    int tokens[MAX_TOKENS] = {1, 8, 64, 256, 2048}, n_tokens = 5;
+    k3_bench_moe_opts o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        double g;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--warm")) {
+            o.warm = 1;
+            continue;
+        }
+        if (!v) return cli_fail(cmd, "%s: missing value (see k3 bench moe -h)", a);
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            return cli_fail(cmd, "-m %s: timing a checkpoint's experts is not available yet (needs "
+                                 "the checkpoint loader); use --preset k3-layer", v);
+        else if (!strcmp(a, "--preset")) {
+            if (strcmp(v, "k3-layer")) return cli_fail(cmd, "--preset: expected k3-layer, got '%s'", v);
+        } else if (!strcmp(a, "--tokens")) {
+            if (parse_tokens(v, tokens, &n_tokens)) return 1;
+        } else if (!strcmp(a, "--backend")) o.backend = v;
+        else if (!strcmp(a, "--format")) o.format = v;
+        else if (!strcmp(a, "--act")) o.mode = v;
+        else if (!strcmp(a, "--isa")) o.isa = v;
+        else if (!strcmp(a, "--experts")) {
+            if (cli_parse_int(cmd, a, v, 1, 1 << 20, &n)) return 1;
+            o.experts_built = (int)n;
+        } else if (!strcmp(a, "--mem-gib")) {
+            if (cli_parse_double(cmd, a, v, &g)) return 1;
+            if (!(g > 0)) return cli_fail(cmd, "--mem-gib: expected > 0, got %s", v);
+            o.mem_budget_gib = g;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (cli_parse_int(cmd, a, v, 1, 256, &n)) return 1;
+            o.threads = (int)n;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--repeats")) {
+            if (cli_parse_int(cmd, a, v, 1, 1000, &n)) return 1;
+            o.repeats = (int)n;
+        } else if (!strcmp(a, "--warmup")) {
+            if (cli_parse_int(cmd, a, v, 1, 100, &n)) return 1;
+            o.warmup = (int)n;
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            if (cli_parse_int(cmd, a, v, 1, 0x7fffffffL, &n)) return 1;
+            o.seed = (uint64_t)n;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (strcmp(v, "md") && strcmp(v, "csv") && strcmp(v, "json"))
+                return cli_fail(cmd, "-o: expected md, csv or json, got '%s'", v);
+            out = v;
+        } else
+            return cli_fail(cmd, "unknown option '%s' (see k3 bench moe -h)", a);
+    }
+    k3_bench_moe_row rows[MAX_TOKENS];
+    k3_bench_moe_env env;
+    k3_error err = {0};
+    if (k3_bench_moe(&o, tokens, n_tokens, rows, &env, &err)) return cli_fail_err(cmd, &err);
+    print_table(out, &env, rows, n_tokens);
+    return 0;
+}
+
+int cli_bench(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        FILE *f = argc < 2 ? stderr : stdout;
+        fprintf(f, "usage: k3 bench <what> [options]\n  moe    one routed-expert layer (k3 bench moe -h)\n");
+        return argc < 2;
+    }
+    if (!strcmp(argv[1], "moe")) return bench_moe(argc - 1, argv + 1);
+    return cli_fail("bench", "unknown benchmark '%s' (expected: moe)", argv[1]);
+}

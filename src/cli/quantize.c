@@ -1,0 +1,60 @@
+/* k3 quantize IN OUT --to FORMAT: a BF16 checkpoint into a published format (see
+ * src/load/quantize.c for what is selected and what is written). */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_PATTERNS 64
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: k3 quantize IN OUT --to FORMAT [options]\n"
+            "  -T, --to F          nvfp4 | nvfp4-ct | mxfp4 | fp8-block       (required)\n"
+            "      --only RE       quantize linear modules whose name matches RE (repeatable;\n"
+            "                      default: routed experts, or every linear for fp8-block)\n"
+            "      --exclude RE    never quantize modules matching RE (repeatable)\n"
+            "  -t, --threads N     threads, 0 = all CPUs                     (default 0)\n");
+}
+
+int cli_quantize(int argc, char **argv) {
+    const char *only[MAX_PATTERNS], *excl[MAX_PATTERNS];
+    k3_quantize_opts o = {.only = only, .exclude = excl, .progress = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        long v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if ((!strcmp(a, "-T") || !strcmp(a, "--to")) && i + 1 < argc) {
+            o.to = argv[++i];
+        } else if (!strcmp(a, "--only") && i + 1 < argc) {
+            if (o.n_only == MAX_PATTERNS) return cli_fail("quantize", "--only: at most %d patterns", MAX_PATTERNS);
+            only[o.n_only++] = argv[++i];
+        } else if (!strcmp(a, "--exclude") && i + 1 < argc) {
+            if (o.n_exclude == MAX_PATTERNS)
+                return cli_fail("quantize", "--exclude: at most %d patterns", MAX_PATTERNS);
+            excl[o.n_exclude++] = argv[++i];
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && i + 1 < argc) {
+            if (cli_parse_int("quantize", a, argv[++i], 0, 256, &v)) return 1;
+            o.n_threads = (int)v;
+        } else if (a[0] == '-') {
+            usage(stderr);
+            return cli_fail("quantize", "unknown option or missing value: %s", a);
+        } else if (!o.in) {
+            o.in = a;
+        } else if (!o.out) {
+            o.out = a;
+        } else {
+            return cli_fail("quantize", "unexpected argument: %s", a);
+        }
+    }
+    if (!o.in || !o.out || !o.to) {
+        usage(stderr);
+        return cli_fail("quantize", "%s: missing", !o.in ? "IN" : !o.out ? "OUT" : "--to");
+    }
+    k3_error err = {0};
+    if (k3_quantize_checkpoint(&o, &err)) return cli_fail_err("quantize", &err);
+    fprintf(stderr, "k3 quantize: wrote %s (%s)\n", o.out, o.to);
+    return 0;
+}

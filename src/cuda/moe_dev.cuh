@@ -1,0 +1,465 @@
+/* Device building blocks shared by the grouped and the fused MoE backends: the kernel
+ * layout of weights and activations, the exact 4-bit decode, the mma.sync tile loop, the
+ * activation functions and the dispatch sort. Host code never includes this file.
+ *
+ * Numerics (why fp16 and not bf16): an E2M1 code placed by bit shifts into an fp16 mantissa
+ * is exactly code * 2^-14 (zero and the 0.5 code land on fp16 subnormals, which fp16
+ * arithmetic and the tensor cores keep), and one HMUL2 by the E4M3 block scale (converted
+ * exactly by cvt.f16x2.e4m3x2) gives code * scale * 2^-14 exactly: at most 6 significant
+ * bits, never below 2^-24. The FP32 tensor scale and the 2^14 come back in the epilogue.
+ * MXFP4 block exponents are re-based per matrix into E4M3 powers of two (2^-9..2^8) at
+ * upload, so both formats share one decode. Activations are fp32 in the contract; they
+ * enter the MMA as two fp16 terms hi + lo of the row scaled by a power of two (amax in
+ * [2^14, 2^15)), which carries ~22 significant bits: the w4a16 result differs from the
+ * float64 reference only by fp32 accumulation. What this leaves out: wgmma (sm_90a
+ * warpgroup MMA) for prefill sizes; mma.sync m16n8k16 serves every T. */
+#ifndef K3_MOE_DEV_CUH
+#define K3_MOE_DEV_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "moe/activation.h"
+#include "moe/moe.h"
+}
+
+enum { FMT_NV = 0, FMT_MX = 1 };
+#define UNIT_W 1024 /* bytes of one 16-row x 128-k weight unit */
+#define UNIT_S_NV 128
+#define UNIT_S_MX 64
+#define KCHUNK 128
+#define WARPS 4 /* warps per CTA in the GEMM kernels */
+
+/* The uploaded experts, by value in every kernel's arguments. */
+struct MoeDev {
+    int n_experts, first_local, n_local, H, I, gated;
+    int m1, m2;   /* 16-row tiles of FC1 (2I gated: 8 up + 8 gate rows each; I otherwise), FC2 (H) */
+    int nk1, nk2; /* 128-k chunks: H / 128, I / 128 */
+    const uint4 *w1, *w2;         /* [n_local][m][nk][1024 B] */
+    const uint8_t *s1, *s2;       /* [n_local][m][nk][128 or 64 B] */
+    const float *f1;              /* [n_local][2]: epilogue factor of (up or w1 rows, gate rows) */
+    const float *f2;              /* [n_local] */
+    const float *alpha, *beta, *limit; /* [n_local] each, or NULL */
+    float g1, g2;                 /* w4a4 activation global scales (0 when unavailable) */
+};
+
+/* One run's device views. Positions p index the expert-sorted local (token, slot) pairs. */
+struct MoeRun {
+    int T, k, mode, tn;            /* tn: tokens per work item (4 * NT) */
+    const float *x;                /* [T][H] */
+    const int32_t *ids;            /* [T][k] */
+    const float *rw;               /* [T][k] */
+    float *y;                      /* [T][H] */
+    uint4 *xq; float *xs;          /* [T][H*4 B] fp16 hi/lo fragment layout, row scale [T] */
+    float *h; unsigned *hamax;     /* [T*k][I] FC1 output, |h| max bits per position */
+    uint4 *hq; float *hs;          /* [T*k][I*4 B], row scale [T*k] */
+    float *part;                   /* [T*k][H] unweighted FC2 output per slot */
+    int *sorted_tok, *sorted_slot; /* [T*k] */
+    int4 *work;                    /* [wmax] (expert, first position, tokens) */
+    int *ctl;                      /* [0] = positions P, [1] = work items */
+    unsigned long long *bar;       /* fused: grid barrier counter */
+    unsigned long long bar_base;
+};
+
+/* FC1 rows per expert (2I gated, I otherwise): the one table's rule, moe/activation.h. The
+ * kernels read the result as MoeDev.gated / m1, never a private gated set. */
+static inline int moe_fc1_rows(k3_act act, int inter) { return (int)k3_act_fc1_rows(act, inter); }
+
+/* ---- small device helpers ----------------------------------------------------------- */
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 v) { return *(uint32_t *)&v; }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
+
+/* Loads of data written earlier in the same launch (the fused kernel): L1-cached but never
+ * the read-only (.nc) path, and never moved across the grid barrier. */
+__device__ __forceinline__ uint4 ld_v4(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* Two E4M3 bytes (low byte -> low half) to fp16x2, exact. */
+__device__ __forceinline__ __half2 e4m3x2_to_h2(uint32_t pair16) {
+    __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pair16 & 0xFFFF), __NV_E4M3);
+    return *(__half2 *)&r;
+}
+
+/* Register i of the A fragment from one packed word (layout in moe_layout.cu): magnitude
+ * bits 3i..3i+2 (low half) and 16+3i.. (high half) go to fp16 bits 9..11, signs at bits
+ * 12+i and 28+i go to bits 15 and 31; the HMUL2 applies the block scale. */
+template <int I>
+__device__ __forceinline__ uint32_t decode_reg(uint32_t w, __half2 scale) {
+    uint32_t mag = (w << (9 - 3 * I)) & 0x0E000E00u;
+    uint32_t sgn = (w << (3 - I)) & 0x80008000u;
+    return h2_bits(__hmul2(bits_h2(mag), scale)) | sgn;
+}
+
+/* Weight unit c (two 16-byte loads per lane, evict-first) and its scales (16 or 8 bytes per
+ * group of 4 lanes sharing rows g and g + 8). */
+template <int FMT>
+__device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
+                                          int c, int lane, uint4 &w0, uint4 &w1, uint4 &s) {
+    const uint4 *u = wq + (size_t)c * 64;
+    w0 = ldg_stream(u + lane);
+    w1 = ldg_stream(u + 32 + lane);
+    if (FMT == FMT_NV) {
+        s = ldg_stream((const uint4 *)(sq + (size_t)c * UNIT_S_NV + (lane >> 2) * 16));
+    } else {
+        uint2 t = __ldg((const uint2 *)(sq + (size_t)c * UNIT_S_MX + (lane >> 2) * 8));
+        s = make_uint4(t.x, t.y, 0, 0);
+    }
+}
+
+/* ---- the tile loop: one warp, 16 weight rows x (NT * 4 tokens) over all of K ---------- */
+
+/* brow[f]: B row (token or position) of this lane's column in fragment f, -1 if none.
+ * Accumulators: acc[f][0..1] = (hi, lo) of row g for token 4f + q, acc[f][2..3] row g + 8. */
+template <int FMT, int NT>
+__device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
+                                          int nk, const uint4 *bq, const int brow[NT],
+                                          int lane, float acc[NT][4]) {
+    const int q = lane & 3, part = (lane >> 2) & 1;
+#pragma unroll
+    for (int f = 0; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
+    const uint4 *bp[NT];
+#pragma unroll
+    for (int f = 0; f < NT; f++)
+        bp[f] = brow[f] >= 0 ? bq + (size_t)brow[f] * nk * 32 + part * 16 + q * 4 : nullptr;
+
+    /* software pipeline: chunks c + 1 and c + 2 are in flight while c is decoded */
+    uint4 aw0 = make_uint4(0, 0, 0, 0), aw1 = aw0, as = aw0, bw0 = aw0, bw1 = aw0, bs = aw0;
+    load_unit<FMT>(wq, sq, 0, lane, aw0, aw1, as);
+    if (nk > 1) load_unit<FMT>(wq, sq, 1, lane, bw0, bw1, bs);
+#pragma unroll 1
+    for (int c = 0; c < nk; c++) {
+        uint4 cw0 = make_uint4(0, 0, 0, 0), cw1 = cw0, cs = cw0;
+        if (c + 2 < nk) load_unit<FMT>(wq, sq, c + 2, lane, cw0, cw1, cs);
+        uint4 bb[NT][4];
+#pragma unroll
+        for (int f = 0; f < NT; f++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                bb[f][j] = bp[f] ? ld_v4(bp[f] + (size_t)c * 32 + j) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const uint4 &wv = s < 4 ? aw0 : aw1;
+            const int j = s & 3;
+            uint32_t word = j == 0 ? wv.x : j == 1 ? wv.y : j == 2 ? wv.z : wv.w;
+            uint32_t sp;
+            if (FMT == FMT_NV) {
+                const int jj = s >> 1;
+                uint32_t sw = jj == 0 ? as.x : jj == 1 ? as.y : jj == 2 ? as.z : as.w;
+                sp = (s & 1) ? (sw >> 16) : (sw & 0xFFFF);
+            } else {
+                const int b = s >> 1; /* 32-blocks: one per two k-steps */
+                uint32_t sw = b < 2 ? as.x : as.y;
+                sp = (b & 1) ? (sw >> 16) : (sw & 0xFFFF);
+            }
+            __half2 sc = e4m3x2_to_h2(sp);
+            __half2 sr = __low2half2(sc), sr8 = __high2half2(sc);
+            uint32_t a0 = decode_reg<0>(word, sr);
+            uint32_t a1 = decode_reg<1>(word, sr8);
+            uint32_t a2 = decode_reg<2>(word, sr);
+            uint32_t a3 = decode_reg<3>(word, sr8);
+#pragma unroll
+            for (int f = 0; f < NT; f++) {
+                const uint4 &b = bb[f][s >> 1];
+                uint32_t b0 = (s & 1) ? b.z : b.x, b1 = (s & 1) ? b.w : b.y;
+                mma16816(acc[f], a0, a1, a2, a3, b0, b1);
+            }
+        }
+        aw0 = bw0; aw1 = bw1; as = bs;
+        bw0 = cw0; bw1 = cw1; bs = cs;
+    }
+}
+
+/* ---- activations (fp32, the functors of moe.md §1.2) ------------------------------------ */
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float geluf_(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+
+template <int ACT>
+__device__ __forceinline__ float act_gated(float g, float u, float a, float b, float lim) {
+    if (ACT == K3_ACT_SWIGLU) return g * sigmoidf_(g) * u;
+    if (ACT == K3_ACT_GEGLU) return geluf_(g) * u;
+    if (ACT == K3_ACT_SWIGLU_BIAS) {
+        float gg = fminf(g, lim), uu = fminf(fmaxf(u, -lim), lim);
+        return gg * sigmoidf_(a * gg) * (uu + b);
+    }
+    /* SiTU: [a tanh(g/a) sigmoid(g)] * [b tanh(u/b)] */
+    return a * tanhf(g / a) * sigmoidf_(g) * (b * tanhf(u / b));
+}
+
+template <int ACT>
+__device__ __forceinline__ float act_plain(float x) {
+    if (ACT == K3_ACT_SILU) return x * sigmoidf_(x);
+    if (ACT == K3_ACT_GELU) return geluf_(x);
+    if (ACT == K3_ACT_RELU) return fmaxf(x, 0.f);
+    if (ACT == K3_ACT_RELU2) { float r = fmaxf(x, 0.f); return r * r; }
+    return x; /* identity */
+}
+
+/* ---- activation rows into the B fragment layout ------------------------------------------ */
+
+/* Half index of element k, part (0 = hi, 1 = lo) inside one row of the B layout: per 128-k
+ * chunk [part][q][k-step][b0b1 | b2b3][2], so lane (q, part) reads 64 contiguous bytes. */
+__device__ __forceinline__ int bq_index(int k, int part) {
+    int c = k >> 7, kk = k & 127, s = kk >> 4, w = kk & 15;
+    int q = (w & 7) >> 1, which = w >> 3, e = w & 1;
+    return ((((c * 2 + part) * 4 + q) * 8 + s) * 2 + which) * 2 + e;
+}
+
+/* E2M1 round-to-nearest-even of a >= 0 (already clamped to 6). */
+__device__ __forceinline__ float e2m1_rne(float a) {
+    if (a <= 0.25f) return 0.f;
+    if (a < 0.75f) return 0.5f;
+    if (a <= 1.25f) return 1.f;
+    if (a < 1.75f) return 1.5f;
+    if (a <= 2.5f) return 2.f;
+    if (a < 3.5f) return 3.f;
+    if (a <= 5.f) return 4.f;
+    return 6.f;
+}
+
+/* One row of K floats into hi/lo fp16 terms (w4a16) with the power-of-two row scale, or
+ * into NVFP4-quantized values (w4a4, global scale g, TensorRT-LLM's rule s = E4M3(g amax/6),
+ * code = E2M1(x g / s)) stored as code * s * 2^-14 (exact in fp16) with row scale 2^14 / g.
+ * Threads tid..K step nth handle pairs (w4a16) or 16-blocks (w4a4). */
+__device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, float amax, int mode,
+                                          float g, uint32_t *__restrict__ dst, float *rowscale,
+                                          int tid, int nth) {
+    if (mode == K3_MODE_W4A16) {
+        int p = 0;
+        if (amax > 0.f && isfinite(amax)) {
+            int ex;
+            frexpf(amax, &ex); /* amax in [2^(ex-1), 2^ex) -> scaled amax in [2^14, 2^15) */
+            p = ex - 15;
+        }
+        if (tid == 0) *rowscale = ldexpf(1.f, p);
+        for (int k = 2 * tid; k < K; k += 2 * nth) {
+            float2 v = *(const float2 *)(src + k);
+            float s0 = ldexpf(v.x, -p), s1 = ldexpf(v.y, -p);
+            __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
+            __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
+            dst[bq_index(k, 0) >> 1] = h2_bits(__halves2half2(h0, h1));
+            dst[bq_index(k, 1) >> 1] = h2_bits(__halves2half2(l0, l1));
+        }
+    } else {
+        if (tid == 0) *rowscale = 16384.f / g;
+        for (int b = tid; b < K / 16; b += nth) {
+            const float *x = src + b * 16;
+            float am = 0.f;
+            for (int i = 0; i < 16; i++) am = fmaxf(am, fabsf(x[i]));
+            float sf = g * am / 6.f;
+            float sd = __half2float(e4m3x2_to_h2(__nv_cvt_float_to_fp8(sf, __NV_SATFINITE, __NV_E4M3)).x);
+            for (int i = 0; i < 16; i += 2) {
+                float v[2];
+                for (int e = 0; e < 2; e++) {
+                    float c = 0.f;
+                    if (sd != 0.f) {
+                        float qv = x[i + e] * g / sd;
+                        qv = fminf(fmaxf(qv, -6.f), 6.f);
+                        c = copysignf(e2m1_rne(fabsf(qv)), qv);
+                    }
+                    v[e] = ldexpf(c * sd, -14);
+                }
+                int k = b * 16 + i;
+                dst[bq_index(k, 0) >> 1] = h2_bits(__floats2half2_rn(v[0], v[1]));
+                dst[bq_index(k, 1) >> 1] = 0u;
+            }
+        }
+    }
+}
+
+/* ---- dispatch: count, offsets, work items, sorted positions (one CTA) -------------------- */
+
+/* Exclusive scan of a[0..n) in shared memory, in place; returns the total. tsum: 33 ints.
+ * Each thread sums a contiguous segment; warps scan with shuffles; one thread scans the
+ * (at most 32) warp totals. */
+__device__ __forceinline__ int block_scan(int *a, int n, int *tsum) {
+    const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, wp = tid >> 5;
+    int per = (n + nth - 1) / nth, lo = min(n, tid * per), hi = min(n, lo + per);
+    int s = 0;
+    for (int i = lo; i < hi; i++) s += a[i];
+    int v = s;
+    for (int o = 1; o < 32; o <<= 1) {
+        int t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    if (lane == 31) tsum[wp] = v;
+    __syncthreads();
+    if (tid == 0) {
+        int run = 0;
+        for (int i = 0; i < (nth >> 5); i++) { int t = tsum[i]; tsum[i] = run; run += t; }
+        tsum[32] = run;
+    }
+    __syncthreads();
+    int run = tsum[wp] + v - s;
+    for (int i = lo; i < hi; i++) { int t = a[i]; a[i] = run; run += t; }
+    __syncthreads();
+    int total = tsum[32];
+    __syncthreads();
+    return total;
+}
+
+/* smem: 3 * (n_local + 1) + 33 ints. */
+static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem) {
+    const int tid = threadIdx.x, nth = blockDim.x, nl = m.n_local, S = r.T * r.k;
+    int *off = smem, *wof = smem + (nl + 1), *cur = smem + 2 * (nl + 1), *tsum = smem + 3 * (nl + 1);
+    for (int e = tid; e <= nl; e += nth) off[e] = 0;
+    __syncthreads();
+    for (int s = tid; s < S; s += nth) {
+        unsigned e = (unsigned)(r.ids[s] - m.first_local);
+        if (e < (unsigned)nl) atomicAdd(&off[e], 1);
+    }
+    __syncthreads();
+    for (int e = tid; e < nl; e += nth) wof[e] = (off[e] + r.tn - 1) / r.tn;
+    __syncthreads();
+    int P = block_scan(off, nl, tsum);
+    int W = block_scan(wof, nl, tsum);
+    for (int e = tid; e < nl; e += nth) {
+        int c = (e + 1 < nl ? off[e + 1] : P) - off[e];
+        cur[e] = off[e];
+        for (int t = 0; t * r.tn < c; t++)
+            r.work[wof[e] + t] = make_int4(e, off[e] + t * r.tn, min(r.tn, c - t * r.tn), 0);
+    }
+    __syncthreads();
+    for (int s = tid; s < S; s += nth) {
+        unsigned e = (unsigned)(r.ids[s] - m.first_local);
+        if (e < (unsigned)nl) {
+            int p = atomicAdd(&cur[e], 1);
+            r.sorted_tok[p] = s / r.k;
+            r.sorted_slot[p] = s;
+        }
+    }
+    for (int p = tid; p < P; p += nth) r.hamax[p] = 0u;
+    if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; }
+}
+
+/* ---- the two GEMM work items and the small stages ---------------------------------------- */
+
+__device__ __forceinline__ float warp_max8(float v) {
+    /* max over the 8 lanes sharing lane & 3 (lane bits 2..4) */
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+    return v;
+}
+
+/* FC1 for work item wk = (expert, first position, tokens) and 16-row tile mt; writes h and
+ * the per-position |h| max. */
+template <int FMT, int ACT, int NT>
+__device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
+    const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    int brow[NT];
+#pragma unroll
+    for (int f = 0; f < NT; f++) {
+        int j = 4 * f + (lane >> 3);
+        brow[f] = j < n ? r.sorted_tok[p0 + j] : -1;
+    }
+    const size_t tile = (size_t)e * m.m1 + mt;
+    float acc[NT][4];
+    gemm_tile<FMT, NT>(m.w1 + tile * m.nk1 * 64, m.s1 + tile * m.nk1 * SB, m.nk1, r.xq, brow, lane, acc);
+    const int g = lane >> 2, q = lane & 3;
+    const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
+    const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
+    const float li = m.limit ? m.limit[e] : INFINITY;
+#pragma unroll
+    for (int f = 0; f < NT; f++) {
+        int j = 4 * f + q;
+        bool ok = j < n;
+        int tok = ok ? r.sorted_tok[p0 + j] : 0;
+        float xs = ok ? r.xs[tok] : 0.f;
+        float v0, v1;
+        int i0, i1;
+        if (m.gated) { /* set at upload from k3_act_is_gated */
+            float up = (acc[f][0] + acc[f][1]) * fa * xs, gate = (acc[f][2] + acc[f][3]) * fb * xs;
+            v0 = act_gated<ACT>(gate, up, al, be, li);
+            v1 = 0.f;
+            i0 = mt * 8 + g;
+            i1 = -1;
+        } else {
+            v0 = act_plain<ACT>((acc[f][0] + acc[f][1]) * fa * xs);
+            v1 = act_plain<ACT>((acc[f][2] + acc[f][3]) * fa * xs);
+            i0 = mt * 16 + g;
+            i1 = i0 + 8;
+        }
+        float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
+        if (isnan(v0) || isnan(v1)) am = NAN;
+        if (ok) {
+            float *hr = r.h + (size_t)(p0 + j) * m.I;
+            hr[i0] = v0;
+            if (i1 >= 0) hr[i1] = v1;
+            if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+        }
+    }
+}
+
+/* FC2 for work item wk and 16-row tile mt of H: part[slot][row] = unweighted expert output. */
+template <int FMT, int NT>
+__device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
+    const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    int brow[NT];
+#pragma unroll
+    for (int f = 0; f < NT; f++) {
+        int j = 4 * f + (lane >> 3);
+        brow[f] = j < n ? p0 + j : -1;
+    }
+    const size_t tile = (size_t)e * m.m2 + mt;
+    float acc[NT][4];
+    gemm_tile<FMT, NT>(m.w2 + tile * m.nk2 * 64, m.s2 + tile * m.nk2 * SB, m.nk2, r.hq, brow, lane, acc);
+    const int g = lane >> 2, q = lane & 3;
+    const float fw = m.f2[e];
+#pragma unroll
+    for (int f = 0; f < NT; f++) {
+        int j = 4 * f + q;
+        if (j < n) {
+            float s = fw * r.hs[p0 + j];
+            float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+            o[0] = (acc[f][0] + acc[f][1]) * s;
+            o[8] = (acc[f][2] + acc[f][3]) * s;
+        }
+    }
+}
+
+/* h row of position p into the FC2 B layout. */
+__device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
+    float amax = __uint_as_float(r.hamax[p]);
+    quant_row(r.h + (size_t)p * m.I, m.I, amax, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32),
+              r.hs + p, tid, nth);
+}
+
+/* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */
+__device__ __forceinline__ void finalize_elem(const MoeDev &m, const MoeRun &r, int t, int c) {
+    float acc = 0.f;
+    for (int j = 0; j < r.k; j++) {
+        int s = t * r.k + j;
+        unsigned e = (unsigned)(r.ids[s] - m.first_local);
+        if (e < (unsigned)m.n_local) acc += r.rw[s] * r.part[(size_t)s * m.H + c];
+    }
+    r.y[(size_t)t * m.H + c] = acc;
+}
+
+#endif

@@ -1,0 +1,336 @@
+/* The two GPU MoE backends over an uploaded k3_cuda_moe.
+ *
+ * Grouped (any T), five launches on one stream:
+ *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
+ *             sorted positions); the other blocks turn x rows into the fp16 B layout;
+ *   fc1       grid (work items x 16-row tiles / 4 warps): swap-AB mma.sync, the weight rows in
+ *             the MMA M slot, tokens in N; activation in the epilogue, h = fp32 [P, I];
+ *   hconv     h rows into the B layout (the row scale needs the whole row's |h| max);
+ *   fc2       the same tile loop over w2, unweighted rows per (token, slot);
+ *   finalize  y[t] = sum over local slots in slot order of w * row: deterministic.
+ * Fused (decode): the same stages in one cooperative persistent kernel with four grid
+ * barriers; T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
+ * Kernel specializations: format x activation x tokens-per-tile (grouped) and format x
+ * activation (fused); per-expert activation parameters are runtime values. Split-K is not
+ * used: at T = 1 the 16-row tiles alone give 16 * (6144 + 3584) / 16 = 9728 warp tiles. */
+#include "cuda/cuda_check.cuh"
+#include "cuda/k3_cuda.h"
+#include "cuda/moe_state.cuh"
+
+extern "C" {
+#include "base/base.h"
+#include "moe/activation.h"
+}
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- kernels -------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+
+/* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
+__device__ float block_amax(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < nw; i++) r = nanmax(r, red[i]);
+    __syncthreads();
+    return r;
+}
+
+__device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) {
+    const float *x = r.x + (size_t)t * m.H;
+    float am = 0.f;
+    for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
+    am = block_amax(am, red);
+    quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
+              blockDim.x);
+}
+
+__global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
+    extern __shared__ int smem[];
+    if (blockIdx.x == 0) {
+        moe_dispatch(m, r, smem);
+        return;
+    }
+    for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
+}
+
+template <int FMT, int ACT, int NT>
+__global__ void __launch_bounds__(128) k_fc1(MoeDev m, MoeRun r) {
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + (threadIdx.x >> 5);
+    if (wi >= r.ctl[1] || mt >= m.m1) return;
+    fc1_item<FMT, ACT, NT>(m, r, r.work[wi], mt, threadIdx.x & 31);
+}
+
+template <int FMT, int NT>
+__global__ void __launch_bounds__(128) k_fc2(MoeDev m, MoeRun r) {
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + (threadIdx.x >> 5);
+    if (wi >= r.ctl[1] || mt >= m.m2) return;
+    fc2_item<FMT, NT>(m, r, r.work[wi], mt, threadIdx.x & 31);
+}
+
+__global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
+    if ((int)blockIdx.x >= r.ctl[0]) return;
+    hconv_row(m, r, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+__global__ void __launch_bounds__(256) k_finalize(MoeDev m, MoeRun r) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < m.H)
+        for (int t = blockIdx.y; t < r.T; t += gridDim.y) finalize_elem(m, r, t, c);
+}
+
+__device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long long target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(ctr, 1ULL);
+        unsigned long long v;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
+            if (v >= target) break;
+            __nanosleep(32);
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. */
+template <int FMT, int ACT>
+__global__ void __launch_bounds__(128) k_fused(MoeDev m, MoeRun r) {
+    extern __shared__ int smem[];
+    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned long long base = r.bar_base;
+    if (blockIdx.x == 0) moe_dispatch(m, r, smem);
+    else
+        for (int t = blockIdx.x - 1; t < r.T; t += nb - 1) prep_x_row(m, r, t, (float *)smem);
+    grid_sync(r.bar, base + (unsigned long long)nb);
+    const int W = *(volatile int *)(r.ctl + 1), P = *(volatile int *)r.ctl;
+    for (int it = blockIdx.x * WARPS + warp; it < W * m.m1; it += nb * WARPS)
+        fc1_item<FMT, ACT, 1>(m, r, r.work[it / m.m1], it % m.m1, lane);
+    grid_sync(r.bar, base + 2ull * nb);
+    for (int p = blockIdx.x; p < P; p += nb) hconv_row(m, r, p, threadIdx.x, blockDim.x);
+    grid_sync(r.bar, base + 3ull * nb);
+    for (int it = blockIdx.x * WARPS + warp; it < W * m.m2; it += nb * WARPS)
+        fc2_item<FMT, 1>(m, r, r.work[it / m.m2], it % m.m2, lane);
+    grid_sync(r.bar, base + 4ull * nb);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < r.T * m.H; i += nb * blockDim.x)
+        finalize_elem(m, r, i / m.H, i % m.H);
+}
+
+/* ---- specialization tables -------------------------------------------------------------------- */
+
+typedef void (*kern_t)(MoeDev, MoeRun);
+
+#define ACTS(X, F, N)                                                                                \
+    X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
+        X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
+        X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
+#define FC1K(F, A, N) (kern_t)k_fc1<F, A, N>
+#define FUSK(F, A, N) (kern_t)k_fused<F, A>
+
+/* [fmt][nt index][act - 1] */
+static const kern_t fc1_table[2][3][9] = {
+    {{ACTS(FC1K, FMT_NV, 1)}, {ACTS(FC1K, FMT_NV, 2)}, {ACTS(FC1K, FMT_NV, 4)}},
+    {{ACTS(FC1K, FMT_MX, 1)}, {ACTS(FC1K, FMT_MX, 2)}, {ACTS(FC1K, FMT_MX, 4)}},
+};
+static const kern_t fc2_table[2][3] = {
+    {k_fc2<FMT_NV, 1>, k_fc2<FMT_NV, 2>, k_fc2<FMT_NV, 4>},
+    {k_fc2<FMT_MX, 1>, k_fc2<FMT_MX, 2>, k_fc2<FMT_MX, 4>},
+};
+static const kern_t fused_table[2][9] = {{ACTS(FUSK, FMT_NV, 0)}, {ACTS(FUSK, FMT_MX, 0)}};
+
+/* ---- host side ------------------------------------------------------------------------------- */
+
+extern "C" const char *k3_cuda_backend_name(k3_cuda_backend b) {
+    return b == K3_CUDA_GROUPED ? "cuda" : b == K3_CUDA_FUSED ? "cuda-fused" : "unknown";
+}
+
+extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, int T, int k,
+                                 k3_error *err) {
+    const char *bn = k3_cuda_backend_name(b);
+    if (!m) return k3_fail(err, K3_ERR_ARG, "%s: no uploaded experts", bn);
+    if (b != K3_CUDA_GROUPED && b != K3_CUDA_FUSED) return k3_fail(err, K3_ERR_ARG, "backend %d: unknown", (int)b);
+    if (T < 0) return k3_fail(err, K3_ERR_ARG, "%s: T = %d tokens", bn, T);
+    if (k < 1 || k > K3_CUDA_MAX_TOPK)
+        return k3_fail(err, K3_ERR_LIMIT, "%s: top-k %d, the cuda backends take 1..%d", bn, k, K3_CUDA_MAX_TOPK);
+    if ((long long)T * k > 0x7fffffffLL / 4) return k3_fail(err, K3_ERR_LIMIT, "%s: T*k = %lld too large", bn, (long long)T * k);
+    if (mode == K3_MODE_W4A8)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: mode w4a8 (MXFP8 activations) is not implemented on the GPU", bn);
+    if (mode == K3_MODE_W4A4 && m->fmt != FMT_NV)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: mode w4a4 needs NVFP4 experts, these are MXFP4", bn);
+    if (mode == K3_MODE_W4A4 && !(m->d.g1 > 0.f && m->d.g2 > 0.f))
+        return k3_fail(err, K3_ERR_MISSING, "%s: mode w4a4 needs input_scale > 0 on every local expert's w1 and w2", bn);
+    if (mode != K3_MODE_W4A16 && mode != K3_MODE_W4A4) return k3_fail(err, K3_ERR_ARG, "%s: mode %d unknown", bn, (int)mode);
+    if (b == K3_CUDA_FUSED) {
+        if (T > K3_CUDA_FUSED_MAX_TOKENS)
+            return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: T = %d tokens, the fused kernel takes at most %d per launch", T,
+                           K3_CUDA_FUSED_MAX_TOKENS);
+        if (T * k > K3_CUDA_FUSED_MAX_SLOTS)
+            return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: T*k = %d routed slots, the fused kernel takes at most %d", T * k,
+                           K3_CUDA_FUSED_MAX_SLOTS);
+    }
+    return K3_OK;
+}
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
+static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
+    const MoeDev *d = &m->d;
+    const size_t S = (size_t)T * k, H = d->H, I = d->I;
+    const size_t wmax = (S < (size_t)d->n_local ? S : (size_t)d->n_local) + S / tn + 1;
+    size_t sz[12] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
+                     wmax * 16, 64, 0};
+    size_t tot = 0, off[12];
+    for (int i = 0; i < 11; i++) {
+        off[i] = tot;
+        tot += al256(sz[i] ? sz[i] : 1);
+    }
+    if (tot > m->ws_bytes) {
+        cudaFree(m->ws);
+        m->ws = NULL;
+        m->ws_bytes = 0;
+        K3_CUDA_TRY(err, cudaMalloc(&m->ws, tot));
+        m->ws_bytes = tot;
+    }
+    char *b = (char *)m->ws;
+    MoeRun *r = &m->r;
+    r->xq = (uint4 *)(b + off[0]);
+    r->xs = (float *)(b + off[1]);
+    r->h = (float *)(b + off[2]);
+    r->hamax = (unsigned *)(b + off[3]);
+    r->hq = (uint4 *)(b + off[4]);
+    r->hs = (float *)(b + off[5]);
+    r->part = (float *)(b + off[6]);
+    r->sorted_tok = (int *)(b + off[7]);
+    r->sorted_slot = (int *)(b + off[8]);
+    r->work = (int4 *)(b + off[9]);
+    r->ctl = (int *)(b + off[10]);
+    r->bar = m->bar;
+    (void)wmax;
+    return K3_OK;
+}
+
+static int pick_nt(const k3_cuda_moe *m, int T, int k) {
+    /* tokens per touched expert under uniform routing */
+    double E = m->d.n_experts, S = (double)T * k;
+    double touched = m->d.n_local * (1.0 - pow(1.0 - (double)k / E, T));
+    double per = touched > 0 ? S * m->d.n_local / E / touched : 1;
+    return per <= 4 ? 1 : per <= 8 ? 2 : 4;
+}
+
+static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
+
+static int launch_check(k3_error *err, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return k3_cuda_fail(err, e, what, __FILE__, __LINE__);
+    return K3_OK;
+}
+
+extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *d_x, int T,
+                               const int32_t *d_ids, const float *d_w, int k, float *d_y, void *stream,
+                               k3_error *err) {
+    if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
+    if (T == 0) return K3_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k);
+    const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
+    const int tn = 4 * nt;
+    if (ensure_ws(m, T, k, tn, err)) return err->status;
+    MoeRun r = m->r;
+    r.T = T;
+    r.k = k;
+    r.mode = mode;
+    r.tn = tn;
+    r.x = d_x;
+    r.ids = d_ids;
+    r.rw = d_w;
+    r.y = d_y;
+    const MoeDev d = m->d;
+    const int ai = (int)m->act - 1;
+    if (b == K3_CUDA_GROUPED) {
+        const int S = T * k, wmax = (S < d.n_local ? S : d.n_local) + S / tn + 1;
+        int sm = dispatch_smem(m);
+        if (!m->prep_attr_set) {
+            K3_CUDA_TRY(err, cudaFuncSetAttribute(k_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+            m->prep_attr_set = 1;
+        }
+        int nblk = 1 + (T < 1024 ? T : 1024);
+        cudaEvent_t *ev = m->stage_ev;
+        if (ev) cudaEventRecord(ev[0], st);
+        k_prep<<<nblk, 256, sm, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[1], st);
+        if (launch_check(err, "k_prep<<<>>>")) return err->status;
+        const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
+        fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), 128, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[2], st);
+        if (launch_check(err, "k_fc1<<<>>>")) return err->status;
+        k_hconv<<<S, 128, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[3], st);
+        if (launch_check(err, "k_hconv<<<>>>")) return err->status;
+        fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), 128, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[4], st);
+        if (launch_check(err, "k_fc2<<<>>>")) return err->status;
+        k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);
+        if (ev) cudaEventRecord(ev[5], st);
+        return launch_check(err, "k_finalize<<<>>>");
+    }
+    kern_t kf = fused_table[m->fmt][ai];
+    int sm = dispatch_smem(m);
+    if (!m->fused_grid) { /* every block must be co-resident: the grid barrier waits for all */
+        int per_sm = 0, nsm = 0;
+        K3_CUDA_TRY(err, cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+        K3_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kf, 128, sm));
+        K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, m->device));
+        m->fused_grid = per_sm * nsm;
+    }
+    int grid = m->fused_grid;
+    if (grid < 2)
+        return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: only %d co-resident blocks fit on the device, the fused kernel needs 2",
+                       grid);
+    r.bar_base = m->bar_epoch;
+    void *args[2] = {(void *)&d, (void *)&r};
+    cudaError_t ce = cudaLaunchCooperativeKernel((const void *)kf, dim3(grid), dim3(128), args, (size_t)sm, st);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        return k3_cuda_fail(err, ce, "cudaLaunchCooperativeKernel(k_fused)", __FILE__, __LINE__);
+    }
+    m->bar_epoch += 4ull * grid;
+    return K3_OK;
+}
+
+extern "C" int k3_cuda_moe_run_host(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *x, int T,
+                                    const int32_t *ids, const float *w, int k, float *y, k3_error *err) {
+    if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
+    for (long long i = 0; i < (long long)T * k; i++)
+        if (ids[i] < 0 || ids[i] >= m->d.n_experts)
+            return k3_fail(err, K3_ERR_ARG, "ids[%lld, %lld]: expert %d outside [0, %d)", i / k, i % k, ids[i],
+                           m->d.n_experts);
+    if (T == 0) return K3_OK;
+    const size_t H = m->d.H, nx = (size_t)T * H * 4, ni = (size_t)T * k * 4;
+    char *buf = NULL;
+    K3_CUDA_TRY(err, cudaMalloc(&buf, 2 * nx + 2 * ni + 1024));
+    float *dx = (float *)buf, *dy = (float *)(buf + al256(nx));
+    int32_t *di = (int32_t *)(buf + 2 * al256(nx));
+    float *dw = (float *)(buf + 2 * al256(nx) + al256(ni));
+    int rc = K3_OK;
+    cudaError_t ce = cudaMemcpy(dx, x, nx, cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess) ce = cudaMemcpy(di, ids, ni, cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess) ce = cudaMemcpy(dw, w, ni, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) rc = k3_cuda_fail(err, ce, "cudaMemcpy(moe inputs)", __FILE__, __LINE__);
+    if (rc == K3_OK) rc = k3_cuda_moe_run(m, b, mode, dx, T, di, dw, k, dy, NULL, err);
+    if (rc == K3_OK) {
+        ce = cudaDeviceSynchronize();
+        if (ce == cudaSuccess) ce = cudaMemcpy(y, dy, nx, cudaMemcpyDeviceToHost);
+        if (ce != cudaSuccess) rc = k3_cuda_fail(err, ce, "moe run / cudaMemcpy(y)", __FILE__, __LINE__);
+    }
+    cudaFree(buf);
+    return rc;
+}

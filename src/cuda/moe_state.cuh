@@ -1,0 +1,40 @@
+/* The device-resident MoE handle shared by moe_layout.cu (upload), moe_run.cu (launches)
+ * and moe_bench.cu (random resident layers). Internal to src/cuda. */
+#ifndef K3_MOE_STATE_CUH
+#define K3_MOE_STATE_CUH
+
+#include "cuda/moe_dev.cuh"
+#include <cuda_runtime.h>
+
+struct k3_cuda_moe {
+    MoeDev d;       /* device views, by value into kernels */
+    int fmt;        /* FMT_NV or FMT_MX */
+    k3_act act;
+    int device;
+    void *mem;      /* one allocation: weights, scales, factors, activation params */
+    size_t mem_bytes;
+    /* workspace, grown on demand */
+    void *ws;
+    size_t ws_bytes;
+    int ws_slots, ws_tokens; /* capacity it was carved for */
+    MoeRun r;
+    unsigned long long *bar; /* fused grid barrier counter (inside mem) */
+    unsigned long long bar_epoch;
+    /* benchmark hooks (moe_bench.cu): tokens-per-tile override (0 = the heuristic) and, when
+     * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
+    int force_nt;
+    cudaEvent_t *stage_ev;
+    /* launch configuration, computed on first use (the act and format of a handle are fixed) */
+    int prep_attr_set;
+    int fused_grid;
+};
+
+/* Bytes of one expert in kernel layout (weights + scales), the bytes a kernel streams. */
+size_t k3_cuda_moe_expert_bytes(const k3_cuda_moe *m);
+
+/* Allocates the device memory of m (weights uninitialized) for the given shape; used by the
+ * upload and by the benchmark's random layer. */
+int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_local, int H, int I,
+                      int fmt, k3_act act, bool with_params, k3_error *err);
+
+#endif
