@@ -252,3 +252,16 @@ def test_inspect_ep(made):
     assert t.returncode == 1 and "exceeds n_experts 16" in t.stderr
     t = k3("inspect", d, "--ep-size", "2")
     assert t.returncode == 0 and "expert parallel over 2 ranks" in t.stdout
+    assert "experts.0.w1.weight_packed" in t.stdout  # the full report lists every tensor
+
+
+def test_inspect_summary(made):
+    d = made["nvfp4"]
+    t = k3("inspect", d, "--summary", "--ep-size", "2")
+    assert t.returncode == 0, t.stderr
+    assert "layers (4" in t.stdout and "expert parallel over 2 ranks" in t.stdout
+    assert "by quantization" in t.stdout and ".weight" not in t.stdout  # no per-tensor rows
+    rows = [l.split() for l in t.stdout.splitlines() if l.strip()[:1].isdigit() and "MoE" in l]
+    assert [r[4] for r in rows] == ["NVFP4"] * 3
+    j = json.loads(k3("inspect", d, "-s", "--json").stdout)
+    assert j["tensors"] == [] and len(j["layers"]) == 4 and j["totals"]["problems"] == 0
