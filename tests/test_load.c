@@ -22,6 +22,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "load/model.h"
+#include "load/read.h"
 #include "load/tiny.h"
 
 static char root[256];
@@ -613,6 +614,20 @@ static void test_input_scale_rule(void **s) {
     free(L);
 }
 
+/* The progress line of loads over a second: silent before, bytes/GB/s/ETA after, rate
+ * limited, and closed with a newline only when one was shown. */
+static void test_progress_line(void **s) {
+    (void)s;
+    char b[160] = "";
+    assert_false(k3_read_progress_line(b, sizeof b, 5e8, 2e9, 0.99, 0.99, false, false));
+    assert_false(k3_read_progress_line(b, sizeof b, 2e9, 2e9, 0.5, 0.5, true, false));
+    assert_true(k3_read_progress_line(b, sizeof b, 5e8, 2e9, 1.0, 1.0, false, false));
+    assert_string_equal(b, "\rk3: loading 0.50 / 2.00 GB, 0.50 GB/s, ETA 3 s   ");
+    assert_false(k3_read_progress_line(b, sizeof b, 6e8, 2e9, 1.1, 0.1, false, true));
+    assert_true(k3_read_progress_line(b, sizeof b, 2e9, 2e9, 2.5, 0.1, true, true));
+    assert_string_equal(b, "\rk3: loading 2.00 / 2.00 GB, 0.80 GB/s, ETA 0 s   \n");
+}
+
 /* Replaces every occurrence of a in file path by the next of the given spellings, in turn. */
 static void rewrite_cycle(const char *path, const char *a, const char *const *to, int n_to) {
     FILE *f = fopen(path, "rb");
@@ -817,7 +832,7 @@ int main(void) {
         cmocka_unit_test(test_bad_expert_twice),  cmocka_unit_test(test_bad_scales),
         cmocka_unit_test(test_bad_fp8_and_orphans), cmocka_unit_test(test_bad_a_log_and_config),
         cmocka_unit_test(test_input_scale_rule),  cmocka_unit_test(test_kimi_linear_ct),
-        cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
+        cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
     };
     return cmocka_run_group_tests_name("load", tests, setup, teardown);
 }
