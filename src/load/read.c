@@ -72,7 +72,11 @@ static void *worker(void *arg) {
         int rc = k3_st_read_range(P->files[j->view], P->raw[j->view], j->off, dst, j->len,
                                   K3_ST_READ_DONTNEED, &e);
         pthread_mutex_lock(&P->mu);
-        if (rc && P->rc == K3_OK) P->rc = rc, P->err = e;
+        /* the shard reader names the file; the message also names the tensor */
+        if (rc && P->rc == K3_OK) {
+            P->rc = rc;
+            k3_fail(&P->err, rc, "%s: %s", P->m->views[j->view].name, e.msg);
+        }
         P->done += j->len;
         progress(P, false);
         pthread_mutex_unlock(&P->mu);
