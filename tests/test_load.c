@@ -734,6 +734,73 @@ static void test_published_original(void **s) {
     free(L);
 }
 
+/* Deletes every quantized_layers entry whose name contains key, in obj (recursively). */
+static void drop_qlayers(cJSON *obj, const char *key) {
+    for (cJSON *c = obj ? obj->child : NULL, *next; c; c = next) {
+        next = c->next;
+        if (c->string && strstr(c->string, key) && cJSON_IsObject(c) &&
+            cJSON_GetObjectItem(c, "quant_algo"))
+            cJSON_DeleteItemFromObject(obj, c->string);
+        else if (cJSON_IsObject(c))
+            drop_qlayers(c, key);
+    }
+}
+
+static void edit_json(const char *dir, const char *file, const char *key) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    cJSON *j;
+    k3_error e = {0};
+    assert_int_equal(k3_json_parse_file(&j, path, 1 << 22, &e), K3_OK);
+    drop_qlayers(j, key);
+    char *txt = cJSON_Print(j);
+    FILE *f = fopen(path, "w");
+    fputs(txt, f);
+    fclose(f);
+    free(txt);
+    cJSON_Delete(j);
+}
+
+/* The routed-expert format is resolved per layer (issue 3 item 2, TRT-K3
+ * `_resolve_routed_quant_config`): a ModelOpt checkpoint that declares NVFP4 for layers 1-2
+ * and nothing for layer 3 holds MXFP4 experts there (W4A8_MXFP4_MXFP8, the default). */
+static void test_expert_format_per_layer(void **s) {
+    (void)s;
+    tlist *L = calloc(1, sizeof *L), *M = calloc(1, sizeof *M);
+    tl_load(L, ckpt[K3_TINY_NVFP4]);
+    tl_load(M, ckpt[K3_TINY_MXFP4]);
+    const char *x3 = P "3.block_sparse_moe.experts.";
+    for (size_t i = 0; i < L->n;)
+        if (strstr(L->t[i].name, x3)) tl_drop(L, L->t[i].name);
+        else i++;
+    for (size_t i = 0; i < M->n; i++) {
+        const k3_st_wtensor *t = &M->t[i];
+        if (!strstr(t->name, x3)) continue;
+        size_t nb = (size_t)(t->shape[0] * t->shape[1]); /* U8 codes and E8M0 scales */
+        memcpy(wdata(tl_add(L, t->name, t->dtype, 2, t->shape[0], t->shape[1], nb)), t->data, nb);
+    }
+    const char *d = tl_write(L, ckpt[K3_TINY_NVFP4], "per-layer");
+    edit_json(d, "hf_quant_config.json", "layers.3.block_sparse_moe.experts");
+    edit_json(d, "hf_quant_config.json", "layers.3.mlp.experts");
+    edit_json(d, "config.json", "layers.3.block_sparse_moe.experts");
+    edit_json(d, "config.json", "layers.3.mlp.experts");
+    k3_model *m = open_ok(d, 0, 0, 2), *mx = open_ok(ckpt[K3_TINY_MXFP4], 0, 0, 2);
+    k3_error e = {0};
+    k3_layer_info li;
+    for (int l = 1; l < 4; l++) {
+        assert_int_equal(k3_model_layer_info(m, l, &li, &e), K3_OK);
+        assert_string_equal(li.expert_format, l < 3 ? "NVFP4" : "MXFP4");
+    }
+    const k3_qmat *a = &k3_model_moe(m, 3)->experts.e[9].w2, *b = &k3_model_moe(mx, 3)->experts.e[9].w2;
+    assert_int_equal(a->fmt, K3_WFMT_MXFP4);
+    assert_memory_equal(a->data, b->data, k3_qmat_data_bytes(b));
+    assert_memory_equal(a->scale, b->scale, k3_qmat_scale_bytes(b));
+    assert_int_equal(k3_model_moe(m, 2)->experts.e[9].w2.fmt, K3_WFMT_NVFP4);
+    k3_model_close(m), k3_model_close(mx);
+    tl_free(L), tl_free(M);
+    free(L), free(M);
+}
+
 /* A compressed-tensors NVFP4 Kimi-Linear checkpoint as Firworks publishes one
  * (checkpoint-formats.md §4, k3-architecture.md §1.3): bare kimi_linear config, no tensor
  * prefix, SiLU experts at full width (no latent MoE), low-rank g_a/g_b KDA gate, softplus
@@ -832,7 +899,8 @@ int main(void) {
         cmocka_unit_test(test_bad_expert_twice),  cmocka_unit_test(test_bad_scales),
         cmocka_unit_test(test_bad_fp8_and_orphans), cmocka_unit_test(test_bad_a_log_and_config),
         cmocka_unit_test(test_input_scale_rule),  cmocka_unit_test(test_kimi_linear_ct),
-        cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
+        cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_expert_format_per_layer),
+        cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
     };
     return cmocka_run_group_tests_name("load", tests, setup, teardown);
 }
