@@ -686,6 +686,14 @@ static void test_published_modelopt(void **s) {
     static const char *const lower[1] = {"fp8_pb_wo"};
     snprintf(path, sizeof path, "%s/config.json", d);
     rewrite_cycle(path, "FP8_PB_WO", lower, 1);
+    /* entries under checkpoint alias names no module consumes (TS lists fused_qkvg_proj and
+     * in_proj_qkvgfab in the K3 export): harmless, they declare nothing that exists */
+    static const char *const alias[1] = {
+        "\"quantized_layers\":\t{\n\t\t\t\"language_model.model.layers.0.self_attn.fused_qkvg_proj\": "
+        "{\"quant_algo\": \"FP8_PB_WO\"}, \"language_model.model.layers.1.self_attn.in_proj_qkvgfab\": "
+        "{\"quant_algo\": \"FP8_PB_WO\"},"};
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", d);
+    rewrite_cycle(path, "\"quantized_layers\":\t{", alias, 1);
     k3_model *m = open_ok(d, 0, 0, 2);
     const k3_expert *e5 = &k3_model_moe(m, 1)->experts.e[5], *e6 = &k3_model_moe(m, 2)->experts.e[6];
     assert_true(e5->w1.fmt == K3_WFMT_NVFP4 && e5->w1.global_scale == ws2_5 && e5->w1.input_scale > 0);
