@@ -116,6 +116,8 @@ def test_declared(converted, fmt):
     if fmt in ("nvfp4", "fp8-block"):
         hf = json.loads((out[fmt] / "hf_quant_config.json").read_text())["quantization"]
         assert hf["quant_algo"] == "MIXED_PRECISION"
+        root = json.loads((out[fmt] / "hf_quant_config.json").read_text())
+        assert root["producer"]["name"] == "modelopt" and root["producer"]["version"].startswith("k3 ")
         ql = hf["quantized_layers"]
         algo = "NVFP4" if fmt == "nvfp4" else "FP8_PB_WO"
 
