@@ -14,7 +14,10 @@
  * headers_only (configs, tensor plan and declarations checked, no weight read): attention
  * kind, FFN kind, routed-expert format and count, bytes; --ep-size N adds which experts and
  * bytes each expert-parallel rank would own (the partition of moe.md §2.6). --summary leaves
- * the per-tensor list out (K3 has ~500,000 tensors) and keeps totals and the layer table. */
+ * the per-tensor list out (K3 has ~500,000 tensors) and keeps totals and the layer table. A
+ * config.json that is malformed, or that the tensors disagree with, fails the command like any
+ * other malformed input; one for a model k3 does not run (K3_ERR_UNSUPPORTED: another
+ * model_type, a feature k3 lacks) only skips the summary, with a note on stderr. */
 #include "cli/cli.h"
 
 #include <cjson/cJSON.h>
@@ -342,7 +345,9 @@ static int model_summary(const char *path, long ep_size, cJSON *root) {
     k3_error err = {0};
     k3_model_opts o = {.path = path, .headers_only = 1};
     if (k3_model_open(&m, &o, &err)) {
-        if (ep_size > 0) return cli_fail_err("inspect", &err);
+        /* a config of a model k3 does not run is no fault of the checkpoint; a malformed
+         * config.json, or tensors that disagree with it, are (exit status 1) */
+        if (ep_size > 0 || err.status != K3_ERR_UNSUPPORTED) return cli_fail_err("inspect", &err);
         fprintf(stderr, "k3 inspect: no per-layer summary: %s: %s\n", k3_status_str(err.status), err.msg);
         return 0;
     }
