@@ -120,7 +120,7 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
            "from random floats by k3's quantizer, the rest re-randomized copies of their codes).\n",
            env->experts_built, env->n_experts, env->experts_built, env->experts_quantized);
     printf("Read bandwidth: %.2f GB/s at start (streaming read of %.2f GB, LLC %.0f MB, same "
-           "threads; cold rows use the median of the reads just before each timed call); "
+           "threads, weights and probe on 2 MiB THP when available; cold rows use the median of the reads just before each timed call); "
            "FMA peak: %.1f GFLOP/s (fp32, %s width). %s\n",
            env->read_gbs, env->probe_bytes / 1e9, env->llc_bytes / 1e6, env->fma_gflops,
            env->isa,

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "base/base.h"
@@ -32,6 +33,19 @@
 
 #define N_QUANTIZED 2 /* experts quantized from floats; the rest re-randomize their codes */
 #define BENCH_ACT K3_ACT_SITU /* Kimi K3's activation (betas 4.0 / 25.0) */
+
+/* Weights and the probe buffer both ask for 2 MiB transparent huge pages, so the kernel and
+ * the probe stream under the same TLB and page-boundary conditions (a loader that copies
+ * experts into anonymous memory can do the same). Where THP is off this is a no-op. */
+#define HUGE_ALIGN ((size_t)2 << 20)
+static void *alloc_huge(size_t bytes) {
+    size_t n = (bytes + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN;
+    void *p = aligned_alloc(HUGE_ALIGN, n);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+    return p;
+}
 
 static uint64_t mix64(uint64_t *s) { /* splitmix64 */
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -284,9 +298,8 @@ static int make_bank(bank *b, k3_threadpool *pool, k3_error *err) {
     b->e = calloc((size_t)b->n, sizeof *b->e);
     b->mem = calloc((size_t)b->n, sizeof *b->mem);
     if (!b->e || !b->mem) return k3_fail(err, K3_ERR_NOMEM, "bench: out of memory for %d experts", b->n);
-    size_t alloc = (b->bytes + 63) / 64 * 64;
     for (int e = 0; e < b->n; e++)
-        if (!(b->mem[e] = aligned_alloc(64, alloc)))
+        if (!(b->mem[e] = alloc_huge(b->bytes)))
             return k3_fail(err, K3_ERR_NOMEM, "bench: out of memory at expert %d of %d (%.1f MB each)",
                            e, b->n, (double)b->bytes / 1e6);
     b->quantized = b->n < N_QUANTIZED ? b->n : N_QUANTIZED;
@@ -481,7 +494,7 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     int64_t pbytes = (int64_t)1 << 30;
     if (llc > 0 && 4 * (int64_t)llc > pbytes) pbytes = 4 * (int64_t)llc;
     pbytes = (pbytes + (64 << 20) - 1) / (64 << 20) * (64 << 20);
-    uint8_t *pbuf = aligned_alloc(4096, (size_t)pbytes);
+    uint8_t *pbuf = alloc_huge((size_t)pbytes);
     int Tmax = 0;
     for (int i = 0; i < n_tokens; i++) Tmax = tokens[i] > Tmax ? tokens[i] : Tmax;
     float *x = malloc((size_t)Tmax * H * sizeof *x), *y = malloc((size_t)Tmax * H * sizeof *y);

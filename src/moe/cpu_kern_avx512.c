@@ -87,6 +87,7 @@ T512 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t
         for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm512_setzero_ps();
         for (int64_t c = 0; c < K32; c += 32) {
             __m512 wa, wb;
+            _mm_prefetch((const char *)(q + c / 2 + PF_BYTES), _MM_HINT_T0);
             decode32(q + c / 2, tbl, &wa, &wb);
             __m512 s = nvfp4 ? scale_nv(sc + c / 16) : _mm512_set1_ps(k3_cpu_e8m0[sc[c / 32]]);
 #pragma GCC unroll 4
