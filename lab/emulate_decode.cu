@@ -3,7 +3,7 @@
  * every lane's A-fragment registers the way decode_reg does (fp16 bit placement, times the
  * E4M3 scale, sign), and checks every element against direct dequantization, exactly.
  * Build: nvcc -std=c++17 -Isrc -Iinclude lab/emulate_decode.cu src/cuda/device.cu src/base/status.c
- *        -o build/emu */
+ *        src/moe/activation.c -o build/emu && build/emu */
 #include "../src/cuda/moe_layout.cu"
 #include <stdio.h>
 

@@ -280,6 +280,43 @@ static void test_mxfp8_bounds(void **state) {
     free(x), free(q), free(scales);
 }
 
+/* Scales at the bottom of E8M0 and of float32: MXFP4 blocks whose amax/6 is a float32
+ * subnormal (the exponent from the subnormal bits, and the clamp at 2^-127), and an FP8 block
+ * whose scale would underflow to 0 (refused, not divided by). */
+static void test_subnormal_scales(void **state) {
+    (void)state;
+    float w[96] = {0};
+    w[0] = 1e-40f;       /* amax/6 ~ 2^-135.8: clamps to 2^-127, byte 0; rounds to 0 */
+    w[32] = 0x1.2p-124f; /* amax/6 = 1.5 * 2^-127 (subnormal): 2^-126, byte 1 */
+    w[33] = 0x1p-126f;   /* 1.0 in units of 2^-126: E2M1 code 2 */
+    w[34] = -0x1p-127f;  /* -0.5: code 9 */
+    w[64] = 0x1.8p-125f; /* amax/6 = 2^-127 exactly: byte 0, element 6.0 (code 7) */
+    uint8_t *packed = guarded(48), *scales = guarded(3);
+    k3_error err = {0};
+    assert_int_equal(k3_mxfp4_quantize(w, 1, 96, packed, scales, &err), K3_OK);
+    assert_guard(packed, 48);
+    assert_guard(scales, 3);
+    assert_int_equal(scales[0], 0);
+    assert_int_equal(scales[1], 1);
+    assert_int_equal(scales[2], 0);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(packed[i], 0);
+    assert_int_equal(packed[16], 6 | 2 << 4); /* 4.5 ties to 4 (even), then 1.0 */
+    assert_int_equal(packed[17] & 15, 9);
+    assert_int_equal(packed[32] & 15, 7);
+    float deq[96];
+    k3_mxfp4_dequantize_row(packed, scales, 96, deq);
+    assert_true(deq[0] == 0.0f && deq[32] == 0x1p-124f && deq[33] == 0x1p-126f &&
+                deq[34] == -0x1p-127f && deq[64] == 0x1.8p-125f);
+
+    float tiny[16] = {0}, s = -1.0f;
+    uint8_t d[16];
+    tiny[5] = 0x1p-149f; /* the smallest subnormal: amax/448 is 0 in float32 */
+    assert_int_equal(k3_fp8_block_quantize(tiny, 1, 16, d, &s, &err), K3_ERR_NUMERIC);
+    assert_non_null(strstr(err.msg, "underflows"));
+    free(packed), free(scales);
+}
+
 /* ---- FP8 128x128 blocks ---------------------------------------------------------------- */
 
 static void test_fp8_block_bounds_and_requant(void **state) {
@@ -472,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4_bounds_and_requant),
         cmocka_unit_test(test_mxfp8_bounds),
         cmocka_unit_test(test_fp8_block_bounds_and_requant),
+        cmocka_unit_test(test_subnormal_scales),
         cmocka_unit_test(test_qmat_rows),
     };
     return cmocka_run_group_tests_name("formats_block", tests, NULL, NULL);

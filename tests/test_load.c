@@ -15,12 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <fcntl.h>
 
 #include "formats/block.h"
 #include "formats/fp.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "load/model.h"
+#include "load/read.h"
 #include "load/tiny.h"
 
 static char root[256];
@@ -584,10 +586,314 @@ static void test_input_scale_rule(void **s) {
     assert_true(*w1 == *w3); /* make-tiny writes them equal */
     float bigger = *w1 * 1.5f;
     *w3 = bigger;
-    k3_model *m = open_ok(tl_write(L, ckpt[K3_TINY_NVFP4], "inscale"), 0, 0, 2);
+    const char *d = tl_write(L, ckpt[K3_TINY_NVFP4], "inscale");
+    /* the choice is logged on stderr, naming the expert and both values */
+    char log[400];
+    snprintf(log, sizeof log, "%s/inscale.log", root);
+    fflush(stderr);
+    int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    k3_model *m = open_ok(d, 0, 0, 2);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fopen(log, "r");
+    char text[4096] = "";
+    size_t nr = fread(text, 1, sizeof text - 1, f);
+    text[nr] = 0;
+    fclose(f);
+    fputs(text, stderr);
+    assert_non_null(strstr(text, P "1.block_sparse_moe.experts.2.w1: w1.input_scale"));
+    assert_non_null(strstr(text, "using the max"));
     const k3_expert *x = &k3_model_moe(m, 1)->experts.e[2];
     assert_true(x->w1.input_scale == bigger && x->w3.input_scale == bigger);
     k3_model_close(m);
+    tl_free(L);
+    free(L);
+}
+
+/* The progress line of loads over a second: silent before, bytes/GB/s/ETA after, rate
+ * limited, and closed with a newline only when one was shown. */
+static void test_progress_line(void **s) {
+    (void)s;
+    char b[160] = "";
+    assert_false(k3_read_progress_line(b, sizeof b, 5e8, 2e9, 0.99, 0.99, false, false));
+    assert_false(k3_read_progress_line(b, sizeof b, 2e9, 2e9, 0.5, 0.5, true, false));
+    assert_true(k3_read_progress_line(b, sizeof b, 5e8, 2e9, 1.0, 1.0, false, false));
+    assert_string_equal(b, "\rk3: loading 0.50 / 2.00 GB, 0.50 GB/s, ETA 3 s   ");
+    assert_false(k3_read_progress_line(b, sizeof b, 6e8, 2e9, 1.1, 0.1, false, true));
+    assert_true(k3_read_progress_line(b, sizeof b, 2e9, 2e9, 2.5, 0.1, true, true));
+    assert_string_equal(b, "\rk3: loading 2.00 / 2.00 GB, 0.80 GB/s, ETA 0 s   \n");
+}
+
+/* Replaces every occurrence of a in file path by the next of the given spellings, in turn. */
+static void rewrite_cycle(const char *path, const char *a, const char *const *to, int n_to) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *txt = calloc(1, (size_t)n + 1);
+    assert_int_equal(fread(txt, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    f = fopen(path, "wb");
+    size_t la = strlen(a);
+    int k = 0;
+    for (char *p = txt, *q; *p; p = q + la) {
+        if (!(q = strstr(p, a))) {
+            fputs(p, f);
+            break;
+        }
+        fwrite(p, 1, (size_t)(q - p), f);
+        fputs(to[k++ % n_to], f);
+    }
+    fclose(f);
+    free(txt);
+}
+
+/* nvidia/Kimi-K3-NVFP4 as published (checkpoint-formats.md §2.2, §3.1, §7.3): the FP8_PB_WO
+ * alias in lower, upper and mixed case across quantized_layers, weight_scale_2/input_scale
+ * scalars of shape [] and [1], a BF16 weight_scale_2 (TRT-LIN notes ModelOpt writes some),
+ * and vision tensors beside the text model. */
+static void test_published_modelopt(void **s) {
+    (void)s;
+    tlist *L = calloc(1, sizeof *L);
+    tl_load(L, ckpt[K3_TINY_NVFP4]);
+    const char *x5 = P "1.block_sparse_moe.experts.5.w1.", *x6 = P "2.block_sparse_moe.experts.6.w2.";
+    char n[300];
+    snprintf(n, sizeof n, "%sweight_scale_2", x5);
+    k3_st_wtensor *w = tl_find(L, n);
+    float ws2_5, ws2_6;
+    memcpy(&ws2_5, w->data, 4);
+    w->rank = 1, w->shape[0] = 1;
+    snprintf(n, sizeof n, "%sinput_scale", x5);
+    w = tl_find(L, n);
+    w->rank = 1, w->shape[0] = 1;
+    snprintf(n, sizeof n, "%sweight_scale_2", x6);
+    memcpy(&ws2_6, tl_find(L, n)->data, 4);
+    tl_drop(L, n);
+    uint16_t h = k3_f32_to_bf16(ws2_6);
+    memcpy(wdata(tl_add(L, n, K3_DTYPE_BF16, 0, 0, 0, 2)), &h, 2);
+    tl_add(L, "vision_tower.encoder.blocks.0.attn.qkv.weight", K3_DTYPE_BF16, 2, 8, 8, 128);
+    tl_add(L, "mm_projector.proj.0.weight", K3_DTYPE_BF16, 2, 8, 8, 128);
+    const char *d = tl_write(L, ckpt[K3_TINY_NVFP4], "published-modelopt");
+    char path[600];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", d);
+    static const char *const cases[3] = {"fp8_pb_wo", "FP8_PB_WO", "Fp8_Pb_Wo"};
+    rewrite_cycle(path, "FP8_PB_WO", cases, 3);
+    static const char *const lower[1] = {"fp8_pb_wo"};
+    snprintf(path, sizeof path, "%s/config.json", d);
+    rewrite_cycle(path, "FP8_PB_WO", lower, 1);
+    /* entries under checkpoint alias names no module consumes (TS lists fused_qkvg_proj and
+     * in_proj_qkvgfab in the K3 export): harmless, they declare nothing that exists */
+    static const char *const alias[1] = {
+        "\"quantized_layers\":\t{\n\t\t\t\"language_model.model.layers.0.self_attn.fused_qkvg_proj\": "
+        "{\"quant_algo\": \"FP8_PB_WO\"}, \"language_model.model.layers.1.self_attn.in_proj_qkvgfab\": "
+        "{\"quant_algo\": \"FP8_PB_WO\"},"};
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", d);
+    rewrite_cycle(path, "\"quantized_layers\":\t{", alias, 1);
+    k3_model *m = open_ok(d, 0, 0, 2);
+    const k3_expert *e5 = &k3_model_moe(m, 1)->experts.e[5], *e6 = &k3_model_moe(m, 2)->experts.e[6];
+    assert_true(e5->w1.fmt == K3_WFMT_NVFP4 && e5->w1.global_scale == ws2_5 && e5->w1.input_scale > 0);
+    assert_true(e6->w2.global_scale == k3_bf16_to_f32(h));
+    int fp8 = 0;
+    for (size_t i = 0; i < m->plan.n; i++)
+        if (m->plan.e[i].role == K3_R_ATTN_PROJ && m->le[i].q.fmt == K3_WFMT_FP8_BLOCK) fp8++;
+    assert_true(fp8 >= 20); /* every declared projection, whatever the alias's case */
+    assert_int_equal(k3_model_entry(m, "model.layers.0.self_attn.q_proj")->q.fmt, K3_WFMT_FP8_BLOCK);
+    assert_int_equal(k3_model_entry(m, "model.layers.3.self_attn.kv_b_proj")->q.fmt, K3_WFMT_FP8_BLOCK);
+    k3_model_close(m);
+    tl_free(L);
+    free(L);
+}
+
+/* moonshotai/Kimi-K3 as published (k3-architecture.md §1.2, §8): compressed-tensors
+ * mxfp4-pack-quantized with its ignore list, no hf_quant_config.json, experts weight_packed +
+ * U8 weight_scale, every other tensor BF16 (router and latent projections included although
+ * `targets: Linear` covers them), language_model. prefix, vision tensors present and skipped. */
+static void test_published_original(void **s) {
+    (void)s;
+    tlist *L = calloc(1, sizeof *L);
+    tl_load(L, ckpt[K3_TINY_MXFP4]);
+    tl_add(L, "vision_tower.encoder.blocks.0.attn.qkv.weight", K3_DTYPE_BF16, 2, 8, 8, 128);
+    tl_add(L, "vision_tower.patch_embed.proj.weight_packed", K3_DTYPE_U8, 2, 8, 4, 32);
+    tl_add(L, "mm_projector.proj.0.weight", K3_DTYPE_BF16, 2, 8, 8, 128);
+    const char *d = tl_write(L, ckpt[K3_TINY_MXFP4], "published-original");
+    char path[600];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", d);
+    assert_int_not_equal(access(path, F_OK), 0);
+    k3_model *m = open_ok(d, 0, 0, 2);
+    k3_model_info info;
+    k3_model_get_info(m, &info);
+    assert_string_equal(info.prefix, "language_model.");
+    for (size_t i = 0; i < m->plan.n; i++) {
+        const k3_pentry *e = &m->plan.e[i];
+        if (!e->linear) continue;
+        int want = e->role == K3_R_EXPERT ? K3_WFMT_MXFP4 : K3_WFMT_BF16;
+        if ((int)m->le[i].q.fmt != want)
+            fail_msg("%s: %s, expected %s", e->name, k3_wfmt_name(m->le[i].q.fmt),
+                     k3_wfmt_name((k3_wfmt)want));
+    }
+    for (size_t i = 0; i < m->n_views; i++) assert_null(strstr(m->views[i].name, "vision_tower"));
+    k3_model_close(m);
+    tl_free(L);
+    free(L);
+}
+
+/* Deletes every quantized_layers entry whose name contains key, in obj (recursively). */
+static void drop_qlayers(cJSON *obj, const char *key) {
+    for (cJSON *c = obj ? obj->child : NULL, *next; c; c = next) {
+        next = c->next;
+        if (c->string && strstr(c->string, key) && cJSON_IsObject(c) &&
+            cJSON_GetObjectItem(c, "quant_algo"))
+            cJSON_DeleteItemFromObject(obj, c->string);
+        else if (cJSON_IsObject(c))
+            drop_qlayers(c, key);
+    }
+}
+
+static void edit_json(const char *dir, const char *file, const char *key) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    cJSON *j;
+    k3_error e = {0};
+    assert_int_equal(k3_json_parse_file(&j, path, 1 << 22, &e), K3_OK);
+    drop_qlayers(j, key);
+    char *txt = cJSON_Print(j);
+    FILE *f = fopen(path, "w");
+    fputs(txt, f);
+    fclose(f);
+    free(txt);
+    cJSON_Delete(j);
+}
+
+/* The routed-expert format is resolved per layer (issue 3 item 2, TRT-K3
+ * `_resolve_routed_quant_config`): a ModelOpt checkpoint that declares NVFP4 for layers 1-2
+ * and nothing for layer 3 holds MXFP4 experts there (W4A8_MXFP4_MXFP8, the default). */
+static void test_expert_format_per_layer(void **s) {
+    (void)s;
+    tlist *L = calloc(1, sizeof *L), *M = calloc(1, sizeof *M);
+    tl_load(L, ckpt[K3_TINY_NVFP4]);
+    tl_load(M, ckpt[K3_TINY_MXFP4]);
+    const char *x3 = P "3.block_sparse_moe.experts.";
+    for (size_t i = 0; i < L->n;)
+        if (strstr(L->t[i].name, x3)) tl_drop(L, L->t[i].name);
+        else i++;
+    for (size_t i = 0; i < M->n; i++) {
+        const k3_st_wtensor *t = &M->t[i];
+        if (!strstr(t->name, x3)) continue;
+        size_t nb = (size_t)(t->shape[0] * t->shape[1]); /* U8 codes and E8M0 scales */
+        memcpy(wdata(tl_add(L, t->name, t->dtype, 2, t->shape[0], t->shape[1], nb)), t->data, nb);
+    }
+    const char *d = tl_write(L, ckpt[K3_TINY_NVFP4], "per-layer");
+    edit_json(d, "hf_quant_config.json", "layers.3.block_sparse_moe.experts");
+    edit_json(d, "hf_quant_config.json", "layers.3.mlp.experts");
+    edit_json(d, "config.json", "layers.3.block_sparse_moe.experts");
+    edit_json(d, "config.json", "layers.3.mlp.experts");
+    k3_model *m = open_ok(d, 0, 0, 2), *mx = open_ok(ckpt[K3_TINY_MXFP4], 0, 0, 2);
+    k3_error e = {0};
+    k3_layer_info li;
+    for (int l = 1; l < 4; l++) {
+        assert_int_equal(k3_model_layer_info(m, l, &li, &e), K3_OK);
+        assert_string_equal(li.expert_format, l < 3 ? "NVFP4" : "MXFP4");
+    }
+    const k3_qmat *a = &k3_model_moe(m, 3)->experts.e[9].w2, *b = &k3_model_moe(mx, 3)->experts.e[9].w2;
+    assert_int_equal(a->fmt, K3_WFMT_MXFP4);
+    assert_memory_equal(a->data, b->data, k3_qmat_data_bytes(b));
+    assert_memory_equal(a->scale, b->scale, k3_qmat_scale_bytes(b));
+    assert_int_equal(k3_model_moe(m, 2)->experts.e[9].w2.fmt, K3_WFMT_NVFP4);
+    k3_model_close(m), k3_model_close(mx);
+    tl_free(L), tl_free(M);
+    free(L), free(M);
+}
+
+/* A compressed-tensors NVFP4 Kimi-Linear checkpoint as Firworks publishes one
+ * (checkpoint-formats.md §4, k3-architecture.md §1.3): bare kimi_linear config, no tensor
+ * prefix, SiLU experts at full width (no latent MoE), low-rank g_a/g_b KDA gate, softplus
+ * decay, plain residuals, q_proj without q_lora, A_log [1,1,H,1], and `targets: Linear`
+ * with ignore [lm_head], so the attention projections are NVFP4 with reciprocal globals. */
+static void test_kimi_linear_ct(void **s) {
+    (void)s;
+    k3_model_config mc;
+    k3_error e = {0};
+    assert_int_equal(k3_tiny_config(K3_TINY_TINY, &mc, &e), K3_OK);
+    free(mc.layers);
+    mc.layers = NULL;
+    mc.wrapped = false;
+    mc.hidden_act = K3_ACT_SILU, mc.situ_beta = 0, mc.situ_linear_beta = 0;
+    mc.kda_full_rank_gate = false;
+    mc.kda_has_lower_bound = false, mc.kda_gate_lower_bound = 0;
+    mc.routed_expert_hidden_size = 0, mc.latent_moe_use_norm = false;
+    mc.attn_res_block_size = 0;
+    mc.mla_use_output_gate = false;
+    mc.q_lora_rank = 0;
+    mc.routed_scaling_factor = 2.446;
+    mc.num_shared_experts = 1;
+    const int64_t kda[3] = {1, 2, 3}, mla[1] = {4};
+    assert_int_equal(k3_model_config_set_layers(&mc, kda, 3, mla, 1, "kimi-linear", &e), K3_OK);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/kimi-linear-ct", root);
+    k3_tiny_opts o = {.dir = dir, .format = K3_TINY_NVFP4_CT, .seed = SEED, .n_threads = 2,
+                      .custom = &mc};
+    if (k3_make_tiny(&o, &e)) fail_msg("make-tiny kimi-linear: %s", e.msg);
+    k3_model_config_free(&mc);
+
+    /* the files look like the published ones */
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *j;
+    assert_int_equal(k3_json_parse_file(&j, path, 1 << 20, &e), K3_OK);
+    assert_string_equal(cJSON_GetObjectItem(j, "model_type")->valuestring, "kimi_linear");
+    assert_null(cJSON_GetObjectItem(j, "text_config"));
+    const cJSON *q = cJSON_GetObjectItem(j, "quantization_config");
+    assert_string_equal(cJSON_GetObjectItem(q, "format")->valuestring, "nvfp4-pack-quantized");
+    cJSON_Delete(j);
+
+    k3_model *m = open_ok(dir, 0, 0, 2);
+    k3_model_info info;
+    k3_model_get_info(m, &info);
+    assert_string_equal(info.prefix, "");
+    for (size_t i = 0; i < m->plan.n; i++) expect_entry(m, i, K3_TINY_NVFP4_CT);
+    const k3_lentry *x = k3_model_entry(m, "model.layers.0.self_attn.g_a_proj");
+    assert_non_null(x);
+    assert_int_equal(x->q.fmt, K3_WFMT_NVFP4); /* attention under targets: Linear */
+    assert_non_null(k3_model_entry(m, "model.layers.0.self_attn.g_b_proj"));
+    assert_null(k3_model_entry(m, "model.layers.0.self_attn.g_proj"));
+    assert_int_equal(k3_model_entry(m, "model.layers.3.self_attn.q_proj")->q.fmt, K3_WFMT_NVFP4);
+    assert_int_equal(k3_model_entry(m, "lm_head")->q.fmt, K3_WFMT_BF16); /* ignored */
+    const k3_lentry *al = k3_model_entry(m, "model.layers.1.self_attn.A_log");
+    assert_int_equal(al->v->rank, 4);
+    assert_int_equal(al->v->shape[2], 4);
+    for (int l = 1; l < 4; l++) {
+        const k3_moe_block *b = k3_model_moe(m, l);
+        assert_non_null(b);
+        assert_int_equal(b->experts.act.act, K3_ACT_SWIGLU);
+        assert_null(b->experts.act.alpha);
+        assert_false(b->latent);
+        assert_int_equal(b->experts.hidden, 256);
+        assert_int_equal(b->experts.e[7].w3.fmt, K3_WFMT_NVFP4);
+        assert_int_equal(b->experts.e[7].w1.cols, 256);
+        assert_int_equal(b->router.gate.fmt, K3_WFMT_BF16); /* no nn.Linear: stays BF16 */
+        assert_true(b->router.routed_scaling_factor == 2.446f);
+        assert_int_equal(b->n_shared, 1);
+        assert_int_equal(b->shared_gate.fmt, K3_WFMT_NVFP4);
+    }
+    k3_model_close(m);
+
+    /* the same files with K3's padded A_log [128] and a non-zero tail: rejected by name */
+    tlist *L = calloc(1, sizeof *L);
+    tl_load(L, dir);
+    k3_st_wtensor *a = tl_find(L, "model.layers.2.self_attn.A_log");
+    float *pad = calloc(128, sizeof *pad);
+    memcpy(pad, a->data, 4 * sizeof(float));
+    pad[77] = 0.5f;
+    free(L->own[a - L->t]);
+    L->own[a - L->t] = pad;
+    a->data = pad, a->rank = 1, a->shape[0] = 128, a->shape[1] = a->shape[2] = a->shape[3] = 0;
+    expect_open(tl_write(L, dir, "kl-alog"), K3_ERR_NUMERIC, "model.layers.2.self_attn.A_log",
+                "padding entry 77");
     tl_free(L);
     free(L);
 }
@@ -600,7 +906,9 @@ int main(void) {
         cmocka_unit_test(test_layer_subset),      cmocka_unit_test(test_headers_only),      cmocka_unit_test(test_bad_missing_expert),
         cmocka_unit_test(test_bad_expert_twice),  cmocka_unit_test(test_bad_scales),
         cmocka_unit_test(test_bad_fp8_and_orphans), cmocka_unit_test(test_bad_a_log_and_config),
-        cmocka_unit_test(test_input_scale_rule),
+        cmocka_unit_test(test_input_scale_rule),  cmocka_unit_test(test_kimi_linear_ct),
+        cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_expert_format_per_layer),
+        cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
     };
     return cmocka_run_group_tests_name("load", tests, setup, teardown);
 }

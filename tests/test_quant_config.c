@@ -407,6 +407,51 @@ static void test_bad_regex(void **state) {
     cJSON_Delete(j);
 }
 
+/* A regex PCRE2 gives up on (its match limit, on a catastrophically backtracking pattern) is
+ * an error naming the pattern and the module, in every resolution path; it used to read as
+ * "no match", so an ignored module came out quantized. A name it can decide still resolves. */
+static void test_regex_match_limit(void **state) {
+    (void)state;
+    char name[1024];
+    memset(name, 'a', 900);
+    strcpy(name + 900, "b");
+    k3_quant_config qc;
+    k3_qdecl d;
+    k3_error e = {0};
+    cJSON *j = js("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\":"
+                  " {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\","
+                  " \"group_size\": 32}}}, \"ignore\": [\"re:(a|aa)+$\"]}");
+    assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e), K3_OK);
+    cJSON_Delete(j);
+    assert_int_equal(k3_quant_resolve(&qc, "aaaa", &d, &e), K3_OK);
+    assert_int_equal(d.scheme, K3_QS_NONE); /* ignored */
+    assert_int_equal(k3_quant_resolve(&qc, "layers.0.w1", &d, &e), K3_OK);
+    assert_int_equal(d.scheme, K3_QS_MXFP4);
+    assert_int_equal(k3_quant_resolve(&qc, name, &d, &e), K3_ERR_LIMIT);
+    assert_non_null(strstr(e.msg, "quantization pattern \"re:(a|aa)+$\" on \"aaaa"));
+    assert_int_equal(d.scheme, K3_QS_NONE);
+    k3_quant_config_free(&qc);
+
+    /* a compressed-tensors target, and a ModelOpt exclude through the expert resolver */
+    j = js("{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\":"
+           " {\"targets\": [\"re:(a|aa)+$\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\","
+           " \"group_size\": 16}}}}");
+    assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e), K3_OK);
+    cJSON_Delete(j);
+    assert_int_equal(k3_quant_resolve(&qc, name, &d, &e), K3_ERR_LIMIT);
+    k3_quant_config_free(&qc);
+    j = js("{\"quantization\": {\"quant_algo\": \"NVFP4\", \"exclude_modules\":"
+           " [\"re:(.|..)+(x|y)$\"]}}");
+    assert_int_equal(k3_quant_config_parse(&qc, j, "hf", NULL, NULL, &e), K3_OK);
+    cJSON_Delete(j);
+    /* (.|..)+ has Fibonacci(len) ways to split a name: even the expert module gives up */
+    assert_int_equal(k3_quant_resolve_experts(&qc, 3, &d, &e), K3_ERR_LIMIT);
+    assert_non_null(strstr(e.msg, "on \"language_model.model.layers.3.block_sparse_moe.experts\""));
+    assert_int_equal(k3_quant_resolve(&qc, name, &d, &e), K3_ERR_LIMIT);
+    assert_false(k3_qpattern_match(&qc.exclude[0], name)); /* the unchecked form: no match */
+    k3_quant_config_free(&qc);
+}
+
 static void test_other_errors(void **state) {
     (void)state;
     k3_quant_config qc;
@@ -611,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_ct_mxfp4_original),
         cmocka_unit_test(test_ct_dispatch),
         cmocka_unit_test(test_bad_regex),
+        cmocka_unit_test(test_regex_match_limit),
         cmocka_unit_test(test_other_errors),
         cmocka_unit_test(test_divergence),
         cmocka_unit_test(test_roundtrip_modelopt),

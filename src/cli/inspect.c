@@ -13,7 +13,11 @@
  * directory (with config.json) a per-layer summary follows, read through k3_model_open with
  * headers_only (configs, tensor plan and declarations checked, no weight read): attention
  * kind, FFN kind, routed-expert format and count, bytes; --ep-size N adds which experts and
- * bytes each expert-parallel rank would own (the partition of moe.md §2.6). */
+ * bytes each expert-parallel rank would own (the partition of moe.md §2.6). --summary leaves
+ * the per-tensor list out (K3 has ~500,000 tensors) and keeps totals and the layer table. A
+ * config.json that is malformed, or that the tensors disagree with, fails the command like any
+ * other malformed input; one for a model k3 does not run (K3_ERR_UNSUPPORTED: another
+ * model_type, a feature k3 lacks) only skips the summary, with a note on stderr. */
 #include "cli/cli.h"
 
 #include <cjson/cJSON.h>
@@ -206,18 +210,24 @@ static void count(const item *it, size_t n, totals *t) {
     }
 }
 
-static void report_text(const k3_checkpoint *ck, const item *it, size_t n, const totals *t) {
+/* list: the per-tensor table (--summary leaves it out; a K3 checkpoint has ~500k rows). A
+ * tensor with a problem is listed even then, so the exit status 1 has its reason on screen. */
+static void report_text(const k3_checkpoint *ck, const item *it, size_t n, const totals *t,
+                        bool list) {
     int wname = 4, wshard = 5;
     for (size_t i = 0; i < n; i++) {
+        if (!list && !it[i].problem[0]) continue;
         int l = (int)strlen(it[i].info.name), s = (int)strlen(it[i].info.shard_name);
         if (l > wname)
             wname = l;
         if (s > wshard)
             wshard = s;
     }
-    printf("%-*s  %-11s  %-22s  %14s  %-*s  %s\n", wname, "NAME", "DTYPE", "SHAPE", "BYTES", wshard,
-           "SHARD", "QUANT");
+    if (list || t->problems)
+        printf("%-*s  %-11s  %-22s  %14s  %-*s  %s\n", wname, "NAME", "DTYPE", "SHAPE", "BYTES",
+               wshard, "SHARD", "QUANT");
     for (size_t i = 0; i < n; i++) {
+        if (!list && !it[i].problem[0]) continue;
         char shp[200], q[400];
         shape_str(&it[i].info, shp, sizeof shp);
         if (it[i].q == Q_SCALE)
@@ -250,7 +260,8 @@ static cJSON *json_u64(uint64_t v) {
     return cJSON_CreateRaw(d);
 }
 
-static cJSON *report_json(const k3_checkpoint *ck, const item *it, size_t n, const totals *t) {
+static cJSON *report_json(const k3_checkpoint *ck, const item *it, size_t n, const totals *t,
+                          bool list) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "path", k3_checkpoint_path(ck));
     cJSON_AddBoolToObject(root, "index", k3_checkpoint_has_index(ck));
@@ -268,6 +279,7 @@ static cJSON *report_json(const k3_checkpoint *ck, const item *it, size_t n, con
     }
     cJSON *arr = cJSON_AddArrayToObject(root, "tensors");
     for (size_t i = 0; i < n; i++) {
+        if (!list && !it[i].problem[0]) continue;
         const k3_tensor_info *x = &it[i].info;
         cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
         cJSON_AddStringToObject(o, "name", x->name);
@@ -310,9 +322,11 @@ static cJSON *report_json(const k3_checkpoint *ck, const item *it, size_t n, con
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: k3 inspect PATH [--json] [--ep-size N]\n"
+    fprintf(f, "usage: k3 inspect PATH [--json] [--summary] [--ep-size N]\n"
                "  PATH          a .safetensors file or a checkpoint directory\n"
                "  --json        machine-readable JSON on stdout (default: a table)\n"
+               "  -s, --summary totals and the per-layer summary only, no per-tensor list\n"
+               "                (tensors with a problem are still listed)\n"
                "  --ep-size N   preview the experts and bytes of each of N expert-parallel ranks\n"
                "  -h, --help    this help\n");
 }
@@ -331,7 +345,9 @@ static int model_summary(const char *path, long ep_size, cJSON *root) {
     k3_error err = {0};
     k3_model_opts o = {.path = path, .headers_only = 1};
     if (k3_model_open(&m, &o, &err)) {
-        if (ep_size > 0) return cli_fail_err("inspect", &err);
+        /* a config of a model k3 does not run is no fault of the checkpoint; a malformed
+         * config.json, or tensors that disagree with it, are (exit status 1) */
+        if (ep_size > 0 || err.status != K3_ERR_UNSUPPORTED) return cli_fail_err("inspect", &err);
         fprintf(stderr, "k3 inspect: no per-layer summary: %s: %s\n", k3_status_str(err.status), err.msg);
         return 0;
     }
@@ -401,10 +417,11 @@ static int model_summary(const char *path, long ep_size, cJSON *root) {
 
 int cli_inspect(int argc, char **argv) {
     const char *path = NULL;
-    bool json = false;
+    bool json = false, summary = false;
     long ep_size = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--summary") || !strcmp(argv[i], "-s")) summary = true;
         else if (!strcmp(argv[i], "--ep-size") && i + 1 < argc) {
             if (cli_parse_int("inspect", "--ep-size", argv[++i], 1, 65536, &ep_size)) return 1;
         }
@@ -442,7 +459,7 @@ int cli_inspect(int argc, char **argv) {
         totals t;
         count(it, n, &t);
         if (json) {
-            cJSON *root = report_json(ck, it, n, &t);
+            cJSON *root = report_json(ck, it, n, &t, !summary);
             if (root) rc = model_summary(path, ep_size, root);
             char *s = root && !rc ? cJSON_Print(root) : NULL;
             if (s) printf("%s\n", s);
@@ -450,7 +467,7 @@ int cli_inspect(int argc, char **argv) {
             cJSON_free(s);
             cJSON_Delete(root);
         } else {
-            report_text(ck, it, n, &t);
+            report_text(ck, it, n, &t, !summary);
             rc = model_summary(path, ep_size, NULL);
         }
         if (!rc && t.problems) {

@@ -103,6 +103,7 @@ typedef struct k3_cuda_bench_opts {
     int warmup, reps;
     uint64_t seed;
     int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
+    int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the grouped kernels; 0 = automatic */
 } k3_cuda_bench_opts;
 
 typedef struct k3_cuda_bench_result {

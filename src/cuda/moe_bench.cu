@@ -76,6 +76,11 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: tokens_per_tile %d (expected 0, 4, 8 or 16)", o->tokens_per_tile);
     }
     b->m.force_nt = o->tokens_per_tile / 4;
+    if (o->k_splits < 0 || o->k_splits > 2) {
+        free(b);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: k_splits %d (expected 0, 1 or 2)", o->k_splits);
+    }
+    b->m.force_ks = o->k_splits;
     const int mx = o->fmt == K3_WFMT_MXFP4;
     if (k3_cuda_moe_alloc(&b->m, o->n_experts, 0, o->n_experts, o->hidden, o->inter, mx ? FMT_MX : FMT_NV, o->act, true,
                           err)) {

@@ -137,7 +137,7 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
  * Accumulators: acc[f][0..1] = (hi, lo) of row g for token 4f + q, acc[f][2..3] row g + 8. */
 template <int FMT, int NT>
 __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
-                                          int nk, const uint4 *bq, const int brow[NT],
+                                          int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
                                           int lane, float acc[NT][4]) {
     const int q = lane & 3, part = (lane >> 2) & 1;
 #pragma unroll
@@ -149,12 +149,12 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
 
     /* software pipeline: chunks c + 1 and c + 2 are in flight while c is decoded */
     uint4 aw0 = make_uint4(0, 0, 0, 0), aw1 = aw0, as = aw0, bw0 = aw0, bw1 = aw0, bs = aw0;
-    load_unit<FMT>(wq, sq, 0, lane, aw0, aw1, as);
-    if (nk > 1) load_unit<FMT>(wq, sq, 1, lane, bw0, bw1, bs);
+    if (c0 < c1) load_unit<FMT>(wq, sq, c0, lane, aw0, aw1, as);
+    if (c0 + 1 < c1) load_unit<FMT>(wq, sq, c0 + 1, lane, bw0, bw1, bs);
 #pragma unroll 1
-    for (int c = 0; c < nk; c++) {
+    for (int c = c0; c < c1; c++) {
         uint4 cw0 = make_uint4(0, 0, 0, 0), cw1 = cw0, cs = cw0;
-        if (c + 2 < nk) load_unit<FMT>(wq, sq, c + 2, lane, cw0, cw1, cs);
+        if (c + 2 < c1) load_unit<FMT>(wq, sq, c + 2, lane, cw0, cw1, cs);
         uint4 bb[NT][4];
 #pragma unroll
         for (int f = 0; f < NT; f++) {
@@ -370,8 +370,10 @@ __device__ __forceinline__ float warp_max8(float v) {
 
 /* FC1 for work item wk = (expert, first position, tokens) and 16-row tile mt; writes h and
  * the per-position |h| max. */
-template <int FMT, int ACT, int NT>
-__device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
+/* FC1 accumulators of tile mt over k-chunks [c0, c1). */
+template <int FMT, int NT>
+__device__ __forceinline__ void fc1_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
+                                        int lane, float acc[NT][4]) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
@@ -380,8 +382,13 @@ __device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 
         brow[f] = j < n ? r.sorted_tok[p0 + j] : -1;
     }
     const size_t tile = (size_t)e * m.m1 + mt;
-    float acc[NT][4];
-    gemm_tile<FMT, NT>(m.w1 + tile * m.nk1 * 64, m.s1 + tile * m.nk1 * SB, m.nk1, r.xq, brow, lane, acc);
+    gemm_tile<FMT, NT>(m.w1 + tile * m.nk1 * 64, m.s1 + tile * m.nk1 * SB, m.nk1, c0, c1, r.xq, brow, lane, acc);
+}
+
+template <int FMT, int ACT, int NT>
+__device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
+                                        float acc[NT][4]) {
+    const int e = wk.x, p0 = wk.y, n = wk.z;
     const int g = lane >> 2, q = lane & 3;
     const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
     const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
@@ -417,9 +424,17 @@ __device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 
     }
 }
 
+template <int FMT, int ACT, int NT>
+__device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
+    float acc[NT][4];
+    fc1_mma<FMT, NT>(m, r, wk, mt, 0, m.nk1, lane, acc);
+    fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
+}
+
 /* FC2 for work item wk and 16-row tile mt of H: part[slot][row] = unweighted expert output. */
 template <int FMT, int NT>
-__device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
+__device__ __forceinline__ void fc2_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
+                                        int lane, float acc[NT][4]) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
@@ -428,8 +443,13 @@ __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 
         brow[f] = j < n ? p0 + j : -1;
     }
     const size_t tile = (size_t)e * m.m2 + mt;
-    float acc[NT][4];
-    gemm_tile<FMT, NT>(m.w2 + tile * m.nk2 * 64, m.s2 + tile * m.nk2 * SB, m.nk2, r.hq, brow, lane, acc);
+    gemm_tile<FMT, NT>(m.w2 + tile * m.nk2 * 64, m.s2 + tile * m.nk2 * SB, m.nk2, c0, c1, r.hq, brow, lane, acc);
+}
+
+template <int NT>
+__device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
+                                        float acc[NT][4]) {
+    const int e = wk.x, p0 = wk.y, n = wk.z;
     const int g = lane >> 2, q = lane & 3;
     const float fw = m.f2[e];
 #pragma unroll
@@ -442,6 +462,13 @@ __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 
             o[8] = (acc[f][2] + acc[f][3]) * s;
         }
     }
+}
+
+template <int FMT, int NT>
+__device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
+    float acc[NT][4];
+    fc2_mma<FMT, NT>(m, r, wk, mt, 0, m.nk2, lane, acc);
+    fc2_epi<NT>(m, r, wk, mt, lane, acc);
 }
 
 /* h row of position p into the FC2 B layout. */

@@ -12,7 +12,7 @@
  * barriers; T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
  * Kernel specializations: format x activation x tokens-per-tile (grouped) and format x
  * activation (fused); per-expert activation parameters are runtime values. Split-K is not
- * used: at T = 1 the 16-row tiles alone give 16 * (6144 + 3584) / 16 = 9728 warp tiles. */
+ * used across CTAs; for T*k <= 64 the two K halves of a tile run in one CTA (ksplit_reduce). */
 #include "cuda/cuda_check.cuh"
 #include "cuda/k3_cuda.h"
 #include "cuda/moe_state.cuh"
@@ -60,18 +60,65 @@ __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
 }
 
+/* In-CTA split-K for small T: with blockDim = 256 the warps w and w + 4 take the two halves
+ * of K of the same tile; the upper half's accumulators go through shared memory and are
+ * added in a fixed order (lower + upper), so the result does not depend on timing. At T = 1
+ * this turns 1.3 waves of whole-K tiles into ~3 waves of half-K tiles. */
+template <int NT>
+__device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, float (*red)[NT * 4][32]) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (blockDim.x == 2 * 32 * WARPS) {
+        if (w >= WARPS && active)
+#pragma unroll
+            for (int f = 0; f < NT; f++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[w - WARPS][f * 4 + i][lane] = acc[f][i];
+        __syncthreads();
+        if (w >= WARPS) return false;
+        if (active)
+#pragma unroll
+            for (int f = 0; f < NT; f++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[f][i] += red[w][f * 4 + i][lane];
+    }
+    return active;
+}
+
+__device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
+    const int w = threadIdx.x >> 5;
+    if (blockDim.x == 2 * 32 * WARPS) {
+        *c0 = w < WARPS ? 0 : nk / 2;
+        *c1 = w < WARPS ? nk / 2 : nk;
+    } else {
+        *c0 = 0;
+        *c1 = nk;
+    }
+}
+
 template <int FMT, int ACT, int NT>
-__global__ void __launch_bounds__(128) k_fc1(MoeDev m, MoeRun r) {
-    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + (threadIdx.x >> 5);
-    if (wi >= r.ctl[1] || mt >= m.m1) return;
-    fc1_item<FMT, ACT, NT>(m, r, r.work[wi], mt, threadIdx.x & 31);
+__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc1(MoeDev m, MoeRun r) {
+    __shared__ float red[WARPS][NT * 4][32];
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
+    const bool active = wi < r.ctl[1] && mt < m.m1;
+    int c0, c1;
+    ksplit_range(m.nk1, &c0, &c1);
+    float acc[NT][4];
+    int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
+    if (active) fc1_mma<FMT, NT>(m, r, wk, mt, c0, c1, lane, acc);
+    if (ksplit_reduce<NT>(acc, active, red)) fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
 }
 
 template <int FMT, int NT>
-__global__ void __launch_bounds__(128) k_fc2(MoeDev m, MoeRun r) {
-    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + (threadIdx.x >> 5);
-    if (wi >= r.ctl[1] || mt >= m.m2) return;
-    fc2_item<FMT, NT>(m, r, r.work[wi], mt, threadIdx.x & 31);
+__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc2(MoeDev m, MoeRun r) {
+    __shared__ float red[WARPS][NT * 4][32];
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
+    const bool active = wi < r.ctl[1] && mt < m.m2;
+    int c0, c1;
+    ksplit_range(m.nk2, &c0, &c1);
+    float acc[NT][4];
+    int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
+    if (active) fc2_mma<FMT, NT>(m, r, wk, mt, c0, c1, lane, acc);
+    if (ksplit_reduce<NT>(acc, active, red)) fc2_epi<NT>(m, r, wk, mt, lane, acc);
 }
 
 __global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
@@ -269,13 +316,15 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
-        fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), 128, 0, st>>>(d, r);
+        /* K halves in one CTA when the tiles alone would not fill the device (decode) */
+        const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
+        fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_check(err, "k_fc1<<<>>>")) return err->status;
         k_hconv<<<S, 128, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
-        fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), 128, 0, st>>>(d, r);
+        fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
         if (launch_check(err, "k_fc2<<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);

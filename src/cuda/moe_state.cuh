@@ -23,6 +23,7 @@ struct k3_cuda_moe {
     /* benchmark hooks (moe_bench.cu): tokens-per-tile override (0 = the heuristic) and, when
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
+    int force_ks; /* 1 or 2 K halves per tile in the grouped FC kernels; 0 = automatic */
     cudaEvent_t *stage_ev;
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;

@@ -148,19 +148,37 @@ static bool glob_match(const char *pat, const char *s) {
     return *pat == '\0';
 }
 
-bool k3_qpattern_match(const k3_qpattern *p, const char *name) {
+/* 1 on a match, 0 on none, else PCRE2's (negative) error code. */
+static int match_rc(const k3_qpattern *p, const char *name) {
     if (!p->text)
-        return false;
+        return 0;
     if (!p->re)
         return glob_match(p->text, name);
     /* match data per call: the loader resolves from several threads */
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md)
-        return false;
+        return PCRE2_ERROR_NOMEMORY;
     int rc = pcre2_match((const pcre2_code *)p->re, (PCRE2_SPTR)name, PCRE2_ZERO_TERMINATED, 0, 0,
                          md, NULL);
     pcre2_match_data_free(md);
-    return rc >= 0;
+    return rc >= 0 ? 1 : rc == PCRE2_ERROR_NOMATCH ? 0 : rc;
+}
+
+int k3_qpattern_match_checked(const k3_qpattern *p, const char *name, bool *hit, k3_error *err) {
+    int rc = match_rc(p, name);
+    *hit = rc > 0;
+    if (rc >= 0)
+        return K3_OK;
+    PCRE2_UCHAR msg[160];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    return k3_fail(err, rc == PCRE2_ERROR_NOMEMORY ? K3_ERR_NOMEM : K3_ERR_LIMIT,
+                   "quantization pattern \"%s\" on \"%s\": the regular expression gives no answer "
+                   "(%s)",
+                   p->text, name, (const char *)msg);
+}
+
+bool k3_qpattern_match(const k3_qpattern *p, const char *name) {
+    return match_rc(p, name) > 0;
 }
 
 void k3_qpattern_free(k3_qpattern *p) {

@@ -147,6 +147,12 @@ int k3_quant_resolve_experts(const k3_quant_config *qc, int64_t layer, k3_qdecl 
  * Python's re.match); anything else matches the whole name with `*` as the only wildcard
  * (any run of characters, dots included). compile reports a bad regex by pattern. */
 int k3_qpattern_compile(k3_qpattern *p, const char *text, const char *what, k3_error *err);
+/* *hit tells whether p matches name. A regex PCRE2 gives up on (its match limit, reached by a
+ * pathological pattern such as "re:(a|aa)+$") is K3_ERR_LIMIT naming pattern and name: the
+ * resolution functions use this, so such a pattern is never read as "no match". */
+int k3_qpattern_match_checked(const k3_qpattern *p, const char *name, bool *hit, k3_error *err);
+/* The same, with a regex PCRE2 gives up on counted as no match (for callers without an
+ * error path). */
 bool k3_qpattern_match(const k3_qpattern *p, const char *name);
 void k3_qpattern_free(k3_qpattern *p);
 

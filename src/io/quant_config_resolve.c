@@ -94,19 +94,28 @@ static const k3_qlayer *find_self_or_ancestor(const k3_quant_config *qc, const c
     }
 }
 
-/* An exclude pattern matching name or one of its ancestors. */
-static const k3_qpattern *excluded(const k3_quant_config *qc, const char *name) {
+/* An exclude pattern matching name or one of its ancestors (*out NULL when none). */
+static int excluded(const k3_quant_config *qc, const char *name, const k3_qpattern **out,
+                    k3_error *err) {
+    *out = NULL;
     if (!qc->n_exclude)
-        return NULL;
+        return K3_OK;
     char buf[NAME_MAX_LEN];
     snprintf(buf, sizeof buf, "%s", name);
     for (;;) {
-        for (size_t i = 0; i < qc->n_exclude; i++)
-            if (k3_qpattern_match(&qc->exclude[i], buf))
-                return &qc->exclude[i];
+        for (size_t i = 0; i < qc->n_exclude; i++) {
+            bool hit;
+            int rc = k3_qpattern_match_checked(&qc->exclude[i], buf, &hit, err);
+            if (rc)
+                return rc;
+            if (hit) {
+                *out = &qc->exclude[i];
+                return K3_OK;
+            }
+        }
         char *dot = strrchr(buf, '.');
         if (!dot)
-            return NULL;
+            return K3_OK;
         *dot = '\0';
     }
 }
@@ -136,34 +145,43 @@ static int check_name(const char *module, k3_error *err) {
     return K3_OK;
 }
 
-static void resolve_modelopt(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
-                             k3_qdecl *out) {
+static int resolve_modelopt(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
+                            k3_qdecl *out, k3_error *err) {
     for (int i = 0; i < nv; i++) {
-        const k3_qpattern *p = excluded(qc, v[i]);
+        const k3_qpattern *p;
+        int rc = excluded(qc, v[i], &p, err);
+        if (rc)
+            return rc;
         if (p) {
             out->matched = p->text;
-            return;
+            return K3_OK;
         }
     }
     for (int i = 0; i < nv; i++) {
         const k3_qlayer *l = find_self_or_ancestor(qc, v[i]);
         if (l) {
             decl_of_layer(l, out);
-            return;
+            return K3_OK;
         }
     }
     if (is_single_format(qc))
         decl_single(qc, out);
+    return K3_OK;
 }
 
-static void resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
-                       k3_qdecl *out) {
+static int resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
+                      k3_qdecl *out, k3_error *err) {
+    int rc;
+    bool hit;
     for (int i = 0; i < nv; i++)
-        for (size_t k = 0; k < qc->n_exclude; k++)
-            if (k3_qpattern_match(&qc->exclude[k], v[i])) {
+        for (size_t k = 0; k < qc->n_exclude; k++) {
+            if ((rc = k3_qpattern_match_checked(&qc->exclude[k], v[i], &hit, err)))
+                return rc;
+            if (hit) {
                 out->matched = qc->exclude[k].text;
-                return;
+                return K3_OK;
             }
+        }
     /* name and regex targets first, class targets after (compressed-tensors' priority) */
     for (int by_class = 0; by_class < 2; by_class++)
         for (size_t g = 0; g < qc->n_groups; g++) {
@@ -173,9 +191,10 @@ static void resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LE
                 bool cls = !strcmp(p->text, "Linear");
                 if (cls != (bool)by_class)
                     continue;
-                bool hit = cls;
+                hit = cls;
                 for (int i = 0; i < nv && !hit; i++)
-                    hit = k3_qpattern_match(p, v[i]);
+                    if ((rc = k3_qpattern_match_checked(p, v[i], &hit, err)))
+                        return rc;
                 if (!hit)
                     continue;
                 out->scheme = grp->scheme;
@@ -183,9 +202,10 @@ static void resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LE
                 out->group_size = grp->group_size;
                 out->matched = grp->name;
                 out->by_class = cls;
-                return;
+                return K3_OK;
             }
         }
+    return K3_OK;
 }
 
 int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *out, k3_error *err) {
@@ -196,10 +216,12 @@ int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *ou
     char v[N_VARIANTS][NAME_MAX_LEN];
     int nv = variants(module, v);
     if (qc->source == K3_QSRC_MODELOPT)
-        resolve_modelopt(qc, v, nv, out);
+        rc = resolve_modelopt(qc, v, nv, out, err);
     else if (qc->source == K3_QSRC_COMPRESSED_TENSORS)
-        resolve_ct(qc, v, nv, out);
-    return K3_OK;
+        rc = resolve_ct(qc, v, nv, out, err);
+    if (rc)
+        *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1};
+    return rc;
 }
 
 /* Two declarations of one layer's experts agree when scheme and algo agree. */
@@ -237,7 +259,9 @@ static int experts_modelopt(const k3_quant_config *qc, int64_t layer, k3_qdecl *
             char name[NAME_MAX_LEN];
             snprintf(name, sizeof name, "%slayers.%lld.%s", prefixes[p], (long long)layer,
                      suffixes[s]);
-            const k3_qpattern *ex = excluded(qc, name);
+            const k3_qpattern *ex;
+            if ((rc = excluded(qc, name, &ex, err)))
+                return rc;
             bool declared = false;
             const k3_qlayer *l = find_self_or_ancestor(qc, name);
             /* per-expert entries below: ...experts.7.w1 */
@@ -247,7 +271,9 @@ static int experts_modelopt(const k3_quant_config *qc, int64_t layer, k3_qdecl *
             for (; l || (i < qc->n_layers && !strncmp(qc->layers[i].name, key, klen)); l = NULL) {
                 const k3_qlayer *e = l ? l : &qc->layers[i++];
                 /* an exclusion of a declared name wins, as in k3_quant_resolve */
-                const k3_qpattern *x = l ? ex : excluded(qc, e->name);
+                const k3_qpattern *x = ex;
+                if (!l && (rc = excluded(qc, e->name, &x, err)))
+                    return rc;
                 k3_qdecl d = {.scheme = K3_QS_NONE, .group_size = -1};
                 if (x)
                     d.matched = x->text;

@@ -55,6 +55,13 @@ int k3_quant_config_add_layer(k3_quant_config *qc, const char *name, const char 
         free(qc->quant_algo);
         if (!(qc->quant_algo = strdup("MIXED_PRECISION")))
             return oom(err);
+        /* the producer is k3 (quantize), as k3_quant_plan_modelopt records for make-tiny */
+        if (!qc->producer_version) {
+            char ver[64];
+            snprintf(ver, sizeof ver, "k3 %s", k3_version());
+            if (!(qc->producer_version = strdup(ver)))
+                return oom(err);
+        }
     }
     return K3_OK;
 }

@@ -214,7 +214,7 @@ static int decode_all(k3_model *m, k3_error *err) {
             le->v = find_view(m, e->name);
             if (!le->v) return k3_fail(err, K3_ERR_INTERNAL, "%s: not loaded", e->name);
             rc = e->role == K3_R_KDA_A_LOG
-                     ? check_a_log(le->v, m->mc.kda_num_heads, e->shape[0], err)
+                     ? check_a_log(le->v, m->mc.kda_num_heads, m->plan.a_log_len, err)
                      : k3_decode_plain(le->v, e->dtypes, e->rank, e->shape, err);
         }
         if (rc) return rc;

@@ -97,9 +97,11 @@ int k3_plan_build(k3_plan *p, const k3_model_config *mc, const char *prefix, k3_
             VEC(K3_R_KDA_CONV, l, FLOATS, 3, conv, "%s.%d.%s.q_conv1d.weight", L, l, A);
             VEC(K3_R_KDA_CONV, l, FLOATS, 3, conv, "%s.%d.%s.k_conv1d.weight", L, l, A);
             VEC(K3_R_KDA_CONV, l, FLOATS, 3, conv, "%s.%d.%s.v_conv1d.weight", L, l, A);
-            /* A_log: the K3 padded form; the loader also accepts Kimi-Linear's [1,1,H,1]. */
-            int64_t al[1] = {p->a_log_len};
-            VEC(K3_R_KDA_A_LOG, l, FLOATS, 1, al, "%s.%d.%s.A_log", L, l, A);
+            /* A_log: K3 (the kimi_k3 wrapper) stores [heads padded to 128] with a zero tail,
+             * Kimi-Linear [1,1,H,1]; the loader accepts either form for either model. */
+            int64_t al[4] = {p->a_log_len}, al4[4] = {1, 1, nh, 1};
+            if (mc->wrapped) VEC(K3_R_KDA_A_LOG, l, FLOATS, 1, al, "%s.%d.%s.A_log", L, l, A);
+            else VEC(K3_R_KDA_A_LOG, l, FLOATS, 4, al4, "%s.%d.%s.A_log", L, l, A);
             int64_t hd1[1] = {HD};
             VEC(K3_R_KDA_DT_BIAS, l, FLOATS, 1, hd1, "%s.%d.%s.dt_bias", L, l, A);
             LIN(K3_R_ATTN_PROJ, l, hd, H, "%s.%d.%s.f_a_proj", L, l, A);

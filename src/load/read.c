@@ -35,16 +35,27 @@ static int job_cmp(const void *a, const void *b) {
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+bool k3_read_progress_line(char *buf, size_t size, uint64_t done, uint64_t total,
+                           double elapsed, double since_last, bool final, bool printed) {
+    /* a load under a second stays silent; a final line only closes a line already shown */
+    if (elapsed < 1.0 || (!final && printed && since_last < 0.25) || (final && !printed))
+        return false;
+    double gbs = (double)done / elapsed / 1e9;
+    double eta = gbs > 0 ? (double)(total - done) / 1e9 / gbs : 0;
+    snprintf(buf, size, "\rk3: loading %.2f / %.2f GB, %.2f GB/s, ETA %.0f s   %s",
+             (double)done / 1e9, (double)total / 1e9, gbs, eta, final ? "\n" : "");
+    return true;
+}
+
 static void progress(pool *P, bool final) {
-    double now = k3_now(), dt = now - P->t0;
-    if (!P->progress || dt < 1.0 || (!final && now - P->last < 0.25)) return;
-    if (final && !P->printed) return;
+    if (!P->progress) return;
+    double now = k3_now();
+    char line[160];
+    if (!k3_read_progress_line(line, sizeof line, P->done, P->total, now - P->t0, now - P->last,
+                               final, P->printed))
+        return;
     P->last = now, P->printed = true;
-    double gbs = (double)P->done / dt / 1e9;
-    double eta = gbs > 0 ? (double)(P->total - P->done) / 1e9 / gbs : 0;
-    fprintf(stderr, "\rk3: loading %.2f / %.2f GB, %.2f GB/s, ETA %.0f s   ", (double)P->done / 1e9,
-            (double)P->total / 1e9, gbs, eta);
-    if (final) fputc('\n', stderr);
+    fputs(line, stderr);
 }
 
 static void *worker(void *arg) {
@@ -61,7 +72,11 @@ static void *worker(void *arg) {
         int rc = k3_st_read_range(P->files[j->view], P->raw[j->view], j->off, dst, j->len,
                                   K3_ST_READ_DONTNEED, &e);
         pthread_mutex_lock(&P->mu);
-        if (rc && P->rc == K3_OK) P->rc = rc, P->err = e;
+        /* the shard reader names the file; the message also names the tensor */
+        if (rc && P->rc == K3_OK) {
+            P->rc = rc;
+            k3_fail(&P->err, rc, "%s: %s", P->m->views[j->view].name, e.msg);
+        }
         P->done += j->len;
         progress(P, false);
         pthread_mutex_unlock(&P->mu);
@@ -144,7 +159,10 @@ int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_e
     pthread_mutex_destroy(&P.mu);
     progress(&P, true);
     m->bytes_read = P.done;
-    if (P.rc) rc = P.rc, *err = P.err;
+    if (P.rc) {
+        rc = P.rc;
+        if (err) *err = P.err;
+    }
 done:
     free(jobs);
     free(P.raw);

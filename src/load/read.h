@@ -17,6 +17,13 @@ typedef struct k3_read_opts {
 
 #define K3_READ_CHUNK (16u << 20)
 
+/* The progress line (bytes, GB/s, ETA) for done of total bytes after elapsed seconds:
+ * returns false while nothing is due (the first second, less than 0.25 s since the last
+ * line, or a final line when none was shown), else fills buf with a \r line (final: ending
+ * in a newline). Separate from the reader so its rule is testable without a slow disk. */
+bool k3_read_progress_line(char *buf, size_t size, uint64_t done, uint64_t total,
+                           double elapsed, double since_last, bool final, bool printed);
+
 /* wanted[k] for checkpoint tensor k. Fills m->views, m->bufs, m->vt, bytes_read/kept. */
 int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_error *err);
 

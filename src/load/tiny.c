@@ -112,24 +112,28 @@ int k3_tiny_config(k3_tiny_preset preset, k3_model_config *mc, k3_error *err) {
 int k3_tiny_quant(k3_tiny_format fmt, const k3_model_config *mc, k3_quant_config *qc,
                   k3_error *err) {
     k3_quant_config_init(qc);
-    /* What the original moonshotai/Kimi-K3 ignores (k3-architecture.md §1.2 quantization
-     * row), plus the router and latent projections it leaves BF16 without listing them. */
-    static const char *const ct_ignore[] = {
+    /* The ignore list of the original moonshotai/Kimi-K3 exactly (k3-architecture.md §1.2,
+     * quantization row). It does not list the router, the latent projections or the
+     * embedding, which the checkpoint still stores BF16: only the routed experts are packed,
+     * and k3_tiny_quantizes() keeps the rest plain, as the loader must cope with. */
+    static const char *const k3_mx_ignore[] = {
         "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-        "re:.*lm_head.*", "re:.*embed_tokens.*", "re:.*block_sparse_moe\\.gate$",
-        "re:.*routed_expert_(down|up)_proj.*", "re:vision_tower.*", "re:mm_projector.*"};
+        "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"};
+    /* A community compressed-tensors NVFP4 export (checkpoint-formats.md §4.2, as
+     * Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4): targets Linear, ignore lm_head only, so
+     * every projection (attention included) is NVFP4; the router is not an nn.Linear. */
+    static const char *const ct_nv_ignore[] = {"lm_head"};
     switch (fmt) {
     case K3_TINY_NVFP4:
-        return k3_quant_plan_modelopt(qc, mc, "language_model.",
+        return k3_quant_plan_modelopt(qc, mc, mc->wrapped ? "language_model." : "",
                                       K3_QPLAN_EXPERTS_NVFP4 | K3_QPLAN_ATTN_FP8 |
                                           K3_QPLAN_ALL_PREFIXES,
                                       err);
     case K3_TINY_NVFP4_CT:
-        return k3_quant_plan_ct(qc, K3_QS_NVFP4_CT, ct_ignore, sizeof ct_ignore / sizeof *ct_ignore,
-                                err);
+        return k3_quant_plan_ct(qc, K3_QS_NVFP4_CT, ct_nv_ignore, 1, err);
     case K3_TINY_MXFP4:
-        return k3_quant_plan_ct(qc, K3_QS_MXFP4, ct_ignore, sizeof ct_ignore / sizeof *ct_ignore,
-                                err);
+        return k3_quant_plan_ct(qc, K3_QS_MXFP4, k3_mx_ignore,
+                                sizeof k3_mx_ignore / sizeof *k3_mx_ignore, err);
     case K3_TINY_BF16:
         return K3_OK;
     default:

@@ -33,7 +33,8 @@ const char *k3_tiny_preset_name(k3_tiny_preset p);
 
 /* The model config of a preset (mc is filled and owns its layer plan). */
 int k3_tiny_config(k3_tiny_preset preset, k3_model_config *mc, k3_error *err);
-/* The quantization declaration of a format for model mc (tensor prefix language_model.). */
+/* The quantization declaration of a format for model mc (tensor prefix language_model. for
+ * the kimi_k3 wrapper, none for a bare kimi_linear config). */
 int k3_tiny_quant(k3_tiny_format fmt, const k3_model_config *mc, k3_quant_config *qc,
                   k3_error *err);
 

@@ -70,9 +70,10 @@ void k3_tiny_values(uint64_t seed, const k3_pentry *e, float *out, int64_t n) {
     if (i < n) out[i] = a * unif(&s);
 }
 
-static void a_log_values(uint64_t seed, const k3_pentry *e, int64_t heads, float *out) {
+/* n: the padded length (K3's [128]) or the heads themselves (Kimi-Linear's [1,1,H,1]). */
+static void a_log_values(uint64_t seed, const k3_pentry *e, int64_t heads, float *out, int64_t n) {
     uint64_t s = name_seed(seed, e->name);
-    for (int64_t i = 0; i < e->shape[0]; i++)
+    for (int64_t i = 0; i < n; i++)
         out[i] = i < heads ? logf(8.5f + 7.5f * unif(&s)) : 0.0f;
 }
 
@@ -83,7 +84,7 @@ typedef struct gen { uint64_t seed; int64_t kda_heads; } gen;
 static int gen_values(void *ctx, const k3_emit_item *it, float *out, int64_t n, k3_error *err) {
     (void)err;
     const gen *g = ctx;
-    if (it->e->role == K3_R_KDA_A_LOG) a_log_values(g->seed, it->e, g->kda_heads, out);
+    if (it->e->role == K3_R_KDA_A_LOG) a_log_values(g->seed, it->e, g->kda_heads, out, n);
     else k3_tiny_values(g->seed, it->e, out, n);
     return K3_OK;
 }
@@ -134,7 +135,9 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
     if (rc) return rc;
     k3_quant_config_init(&qc);
     if ((rc = k3_tiny_quant(o->format, &mc, &qc, err))) goto done;
-    if ((rc = k3_plan_build(&plan, &mc, "language_model.", err))) goto done;
+    /* K3 (the VL wrapper) prefixes text tensors with language_model.; a bare Kimi-Linear
+     * config names them plainly */
+    if ((rc = k3_plan_build(&plan, &mc, mc.wrapped ? "language_model." : "", err))) goto done;
     if (!(items = calloc(plan.n, sizeof *items))) {
         rc = k3_fail(err, K3_ERR_NOMEM, "make-tiny: out of memory");
         goto done;
@@ -148,8 +151,13 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
         rc = it->e->role == K3_R_EXPERT ? k3_quant_resolve_experts(&qc, it->e->layer, &d, err)
                                         : k3_quant_resolve(&qc, it->e->name, &d, err);
         it->scheme = d.scheme;
-        /* the router and embeddings stay as they are, whatever a class target says */
+        /* the router and embeddings stay as they are, whatever a class target says (the
+         * router is no nn.Linear in the reference model, checkpoint-formats.md §4.2) */
         if (it->e->role == K3_R_ROUTER || it->e->role == K3_R_EMBED || it->e->role == K3_R_LM_HEAD)
+            it->scheme = K3_QS_NONE;
+        /* moonshotai/Kimi-K3 packs only the routed experts although its `Linear` target also
+         * covers the router-adjacent latent projections (k3-architecture.md §1.2, §8) */
+        if (d.by_class && d.scheme == K3_QS_MXFP4 && it->e->role != K3_R_EXPERT)
             it->scheme = K3_QS_NONE;
     }
     uint64_t total = 0;

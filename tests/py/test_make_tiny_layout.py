@@ -44,8 +44,10 @@ def read_ckpt(d):
     return out
 
 
-def expected(cfg, experts_fmt, attn_fp8):
-    """Tensor name -> (dtype, shape), from k3-architecture.md §8."""
+def expected(cfg, experts_fmt, attn_fp8, trunk="BF16"):
+    """Tensor name -> (dtype, shape), from k3-architecture.md §8. trunk: the format of every
+    projection other than experts, router, embedding and lm_head (a compressed-tensors
+    `targets: Linear` export quantizes them all, checkpoint-formats.md §4.2)."""
     tc = cfg["text_config"]
     P = "language_model."
     H, V = tc["hidden_size"], tc["vocab_size"]
@@ -75,7 +77,7 @@ def expected(cfg, experts_fmt, attn_fp8):
             exp[name + ".weight_packed"] = ("U8", (rows, cols // 2))
             exp[name + ".weight_scale"] = ("U8", (rows, cols // 32))
 
-    attn = "FP8" if attn_fp8 else "BF16"
+    attn = "FP8" if attn_fp8 else trunk
     lin(P + "model.embed_tokens", V, H)
     lin(P + "lm_head", V, H)
     for n in ("model.norm", "model.output_attn_res_norm"):
@@ -99,7 +101,7 @@ def expected(cfg, experts_fmt, attn_fp8):
             lin(a + "f_b_proj", HD, hd, attn)
             lin(a + "b_proj", nh, H, attn)
             exp[a + "o_norm.weight"] = ("BF16", (hd,))
-            lin(a + "o_proj", H, HD)  # KDA o_proj is not in the FP8 list (checkpoint-formats §7.3)
+            lin(a + "o_proj", H, HD, trunk)  # KDA o_proj is not in the FP8 list (checkpoint-formats §7.3)
         else:
             mh, q, kv = tc["num_attention_heads"], tc["q_lora_rank"], tc["kv_lora_rank"]
             nope, rope, v = tc["qk_nope_head_dim"], tc["qk_rope_head_dim"], tc["v_head_dim"]
@@ -113,20 +115,20 @@ def expected(cfg, experts_fmt, attn_fp8):
             lin(a + "o_proj", H, mh * v, attn)
         if l < tc["first_k_dense_replace"]:
             F = tc["intermediate_size"]
-            lin(p + "mlp.gate_proj", F, H)
-            lin(p + "mlp.up_proj", F, H)
-            lin(p + "mlp.down_proj", H, F)
+            lin(p + "mlp.gate_proj", F, H, trunk)
+            lin(p + "mlp.up_proj", F, H, trunk)
+            lin(p + "mlp.down_proj", H, F, trunk)
             continue
         m = p + "block_sparse_moe."
         lin(m + "gate", E, H)
         exp[m + "gate.e_score_correction_bias"] = ("F32", (E,))
-        lin(m + "routed_expert_down_proj", L, H)
-        lin(m + "routed_expert_up_proj", H, L)
+        lin(m + "routed_expert_down_proj", L, H, trunk)
+        lin(m + "routed_expert_up_proj", H, L, trunk)
         exp[m + "routed_expert_norm.weight"] = ("BF16", (L,))
         S = tc["num_shared_experts"] * I
-        lin(m + "shared_experts.gate_proj", S, H)
-        lin(m + "shared_experts.up_proj", S, H)
-        lin(m + "shared_experts.down_proj", H, S)
+        lin(m + "shared_experts.gate_proj", S, H, trunk)
+        lin(m + "shared_experts.up_proj", S, H, trunk)
+        lin(m + "shared_experts.down_proj", H, S, trunk)
         for e in range(E):
             lin(f"{m}experts.{e}.w1", I, L, experts_fmt)
             lin(f"{m}experts.{e}.w3", I, L, experts_fmt)
@@ -147,14 +149,16 @@ def made(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("fmt,experts,fp8", [("nvfp4", "NVFP4", True), ("nvfp4-ct", "NVFP4-CT", False),
-                                             ("mxfp4", "MXFP4", False), ("bf16", "BF16", False)])
-def test_layout(made, fmt, experts, fp8):
+@pytest.mark.parametrize("fmt,experts,fp8,trunk", [("nvfp4", "NVFP4", True, "BF16"),
+                                                   ("nvfp4-ct", "NVFP4-CT", False, "NVFP4-CT"),
+                                                   ("mxfp4", "MXFP4", False, "BF16"),
+                                                   ("bf16", "BF16", False, "BF16")])
+def test_layout(made, fmt, experts, fp8, trunk):
     d = made[fmt]
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["model_type"] == "kimi_k3" and cfg["text_config"]["model_type"] == "kimi_linear"
     got = read_ckpt(d)
-    want = expected(cfg, experts, fp8)
+    want = expected(cfg, experts, fp8, trunk)
     assert set(got) == set(want), (sorted(set(got) - set(want))[:5], sorted(set(want) - set(got))[:5])
     for name, (dt, shape) in want.items():
         assert got[name][:2] == (dt, shape), (name, got[name][:2], (dt, shape))
@@ -183,6 +187,17 @@ def test_layout(made, fmt, experts, fp8):
     else:
         assert qc["quant_method"] == "compressed-tensors"
         assert qc["format"] == ("mxfp4-pack-quantized" if fmt == "mxfp4" else "nvfp4-pack-quantized")
+        assert qc["config_groups"]["group_0"]["targets"] == ["Linear"]
+        if fmt == "mxfp4":  # moonshotai/Kimi-K3's config exactly (k3-architecture.md §1.2)
+            w = qc["config_groups"]["group_0"]["weights"]
+            assert (w["num_bits"], w["type"], w["group_size"], w["scale_dtype"]) == (4, "float", 32, "torch.uint8")
+            assert qc["config_groups"]["group_0"]["input_activations"] is None
+            assert qc["ignore"] == ["re:.*self_attn.*", "re:.*shared_experts.*",
+                                    r"re:.*mlp\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
+                                    "re:.*vision_tower.*", "re:.*mm_projector.*"]
+        else:  # Firworks-style (checkpoint-formats.md §4.2)
+            assert qc["ignore"] == ["lm_head"]
+            assert qc["config_groups"]["group_0"]["input_activations"]["dynamic"] == "local"
 
 
 def test_seed_determinism(made, tmp_path):
@@ -237,3 +252,16 @@ def test_inspect_ep(made):
     assert t.returncode == 1 and "exceeds n_experts 16" in t.stderr
     t = k3("inspect", d, "--ep-size", "2")
     assert t.returncode == 0 and "expert parallel over 2 ranks" in t.stdout
+    assert "experts.0.w1.weight_packed" in t.stdout  # the full report lists every tensor
+
+
+def test_inspect_summary(made):
+    d = made["nvfp4"]
+    t = k3("inspect", d, "--summary", "--ep-size", "2")
+    assert t.returncode == 0, t.stderr
+    assert "layers (4" in t.stdout and "expert parallel over 2 ranks" in t.stdout
+    assert "by quantization" in t.stdout and ".weight" not in t.stdout  # no per-tensor rows
+    rows = [l.split() for l in t.stdout.splitlines() if l.strip()[:1].isdigit() and "MoE" in l]
+    assert [r[4] for r in rows] == ["NVFP4"] * 3
+    j = json.loads(k3("inspect", d, "-s", "--json").stdout)
+    assert j["tensors"] == [] and len(j["layers"]) == 4 and j["totals"]["problems"] == 0

@@ -1,0 +1,64 @@
+"""`k3 inspect DIR` with a config.json: the per-layer summary is read through k3_model_open.
+A malformed config.json (or one the tensors disagree with) is malformed input: exit status 1,
+an error naming the file and field, and nothing on stdout with --json. A config for a model
+k3 does not run (another model_type) is not the checkpoint's fault: the tensor report is
+printed, exit status 0, and stderr says why there is no per-layer summary."""
+import json
+import os
+import subprocess
+
+import pytest
+
+BUILD = os.environ.get("K3_BUILD", "build")
+K3 = os.path.join(BUILD, "k3")
+
+
+def k3(*args):
+    assert os.access(K3, os.X_OK), f"{K3} is not built (run make first)"
+    return subprocess.run([K3, *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny") / "ck"
+    p = k3("make-tiny", str(d), "--format", "nvfp4", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def edit_config(src, dst, fn):
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        os.symlink(os.path.join(src, f), os.path.join(dst, f))
+    os.unlink(os.path.join(dst, "config.json"))
+    cfg = json.loads((src / "config.json").read_text())
+    fn(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+
+
+def test_good_config_has_layers(tiny):
+    p = k3("inspect", "--json", str(tiny))
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["layers"]) > 0
+
+
+def test_malformed_config_fails(tiny, tmp_path):
+    bad = tmp_path / "bad"
+    edit_config(tiny, bad, lambda c: c["text_config"].update(num_experts_per_token=999))
+    p = k3("inspect", str(bad))
+    assert p.returncode == 1
+    assert "config.json" in p.stderr and "num_experts_per_token" in p.stderr
+    p = k3("inspect", "--json", str(bad))
+    assert p.returncode == 1 and p.stdout == ""
+
+
+def test_other_model_is_only_a_note(tiny, tmp_path):
+    other = tmp_path / "other"
+    edit_config(tiny, other, lambda c: c.update(model_type="llama"))
+    p = k3("inspect", "--json", str(other))
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert "layers" not in rep and rep["totals"]["tensors"] > 0
+    assert "no per-layer summary" in p.stderr and "llama" in p.stderr
+    p = k3("inspect", "--ep-size", "2", str(other))  # asked for explicitly: an error
+    assert p.returncode == 1
