@@ -105,3 +105,10 @@ int k3_cuda_block_run_host(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mod
     (void)cb, (void)mode, (void)x, (void)T, (void)y, (void)ids, (void)w;
     return NO_CUDA(err, k3_cuda_backend_name(b));
 }
+
+int k3_cuda_block_time(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, int width, int T, int reps,
+                       uint64_t seed, double *us, k3_error *err) {
+    (void)cb, (void)mode, (void)width, (void)T, (void)reps, (void)seed;
+    *us = 0;
+    return NO_CUDA(err, k3_cuda_backend_name(b));
+}

@@ -161,6 +161,11 @@ int k3_cuda_block_run(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, co
 int k3_cuda_block_run_host(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, const float *x,
                            int T, float *y, int32_t *ids, float *w, k3_error *err);
 
+/* Mean microseconds of one k3_cuda_block_run on T random device-resident tokens of the
+ * given model width, over reps launches back to back after 3 warm-up runs (block_bench.cu). */
+int k3_cuda_block_time(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, int width, int T,
+                       int reps, uint64_t seed, double *us, k3_error *err);
+
 #ifdef __cplusplus
 }
 #endif
