@@ -170,6 +170,15 @@ static int pick_backend(const moe_args *a, k3_moe_backend *be, k3_threadpool **p
                             "(one device holds the whole bank: leave --ep-size out, or give "
                             "--ep-rank with --experts-only)",
                             a->backend, a->ep_size);
+        /* before the (long) model load: no device is the common reason it cannot run */
+        int ndev = 0;
+        char dev[160];
+        k3_error err = {0};
+        if (k3_cuda_device_count(&ndev, dev, sizeof dev, &err))
+            return cli_fail_err(CMD, &err);
+        if (ndev == 0)
+            return cli_fail(CMD, "--backend %s: no GPU: no usable CUDA device (%s)", a->backend,
+                            dev);
         *gpu = !strcmp(a->backend, "cuda") ? K3_CUDA_GROUPED : K3_CUDA_FUSED;
         return 0;
     }
