@@ -17,7 +17,7 @@ SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 endif
 
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wshadow -Wvla -D_GNU_SOURCE -pthread \
+override CFLAGS += -std=c11 -Wall -Wextra -Werror -Wshadow -Wvla -D_GNU_SOURCE -pthread \
            -Iinclude -Isrc -MMD -MP $(SANFLAGS)
 LDLIBS  := -lcjson -lpcre2-8 -lm -pthread $(SANFLAGS)
 
@@ -30,7 +30,7 @@ FUZZ_C  := $(sort $(wildcard fuzz/fuzz_*.c))
 
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
-CFLAGS += -DK3_HAVE_CUDA=1
+override CFLAGS += -DK3_HAVE_CUDA=1
 LIB_C  := $(filter-out src/cuda/cuda_absent.c,$(LIB_C))
 CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -73,17 +73,24 @@ $(BUILD)/libk3.a: $(LIB_OBJ)
 $(BUILD)/k3: $(CLI_OBJ) $(BUILD)/libk3.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libk3.a $(LDLIBS)
 
-# The build commit is baked into status.o, which is rebuilt every time (it is tiny).
+# The build commit is baked into status.o, rebuilt only when the commit (or -dirty) changes.
 K3_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
-$(BUILD)/src/base/status.o: CFLAGS += -DK3_COMMIT='"$(K3_COMMIT)"'
-$(BUILD)/src/base/status.o: FORCE
-FORCE:
+COMMIT_STAMP := $(BUILD)/commit.stamp
+$(shell mkdir -p $(BUILD); [ "$$(cat $(COMMIT_STAMP) 2>/dev/null)" = '$(K3_COMMIT)' ] || printf '%s' '$(K3_COMMIT)' > $(COMMIT_STAMP))
+$(BUILD)/src/base/status.o: override CFLAGS += -DK3_COMMIT='"$(K3_COMMIT)"'
+$(BUILD)/src/base/status.o: $(COMMIT_STAMP)
 
-$(BUILD)/%.o: %.c
+# Objects depend on a stamp of the compiler and flags, so changing CC, CFLAGS, NVCC or
+# CUDA_ARCH rebuilds what they affect instead of linking stale objects.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+FLAGS_NOW := $(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS)
+$(shell mkdir -p $(BUILD); [ "$$(cat $(FLAGS_STAMP) 2>/dev/null)" = '$(FLAGS_NOW)' ] || printf '%s' '$(FLAGS_NOW)' > $(FLAGS_STAMP))
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 

@@ -251,6 +251,10 @@ typedef struct k3_bench_moe_opts {
     uint64_t seed;         /* routing and weights; 0: 1 */
     int warm;              /* 1: one routing per token count and no cache flush between
                               repeats (how micro-benchmarks such as ggml's perf mode run) */
+    const char *model_dir; /* time this checkpoint's routed experts of `layer` instead of
+                              synthetic ones (shape, top_k, format and activation from it;
+                              format, n_experts, top_k, hidden, inter, experts_built ignored) */
+    int layer;
 } k3_bench_moe_opts;
 
 typedef struct k3_bench_moe_row {
@@ -279,6 +283,7 @@ typedef struct k3_bench_moe_env {
     double llc_bytes;         /* last-level cache size the OS reports (0 if unknown) */
     double fma_gflops;        /* fp32 FMA peak probe with the kernel's vector width */
     int warm;                 /* the run was warm (see k3_bench_moe_opts.warm) */
+    int from_model;           /* experts came from a checkpoint (-m), all of them built */
 } k3_bench_moe_env;
 
 /* rows[n_tokens] receives one row per entry of tokens[]. */

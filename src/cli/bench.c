@@ -5,8 +5,7 @@
  * (min..max) over repeats after warm-up, GB/s of expert weights read and its fraction of the
  * streaming-read bandwidth measured in the same run, GFLOP/s and its fraction of the FMA
  * peak measured in the same run. A footer names the build commit, the CPU, both probes and
- * how many experts were really built. Left out: -m DIR (timing a checkpoint's experts needs
- * the checkpoint loader; rejected with that reason until it lands). */
+ * how many experts were really built (or, with -m, which checkpoint layer was timed). */
 #include "cli/cli.h"
 
 #include <stdio.h>
@@ -18,7 +17,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: k3 bench moe [options]\n"
-            "  -m, --model DIR        time a checkpoint's experts (not available yet)\n"
+            "  -m, --model DIR        time this checkpoint's routed experts (instead of --preset)\n"
+            "      --layer L          the MoE layer of -m (default 1)\n"
             "      --preset NAME      k3-layer: 896 experts, top-16, H=3584, I=3072 (default)\n"
             "      --tokens LIST      token counts (default 1,8,64,256,2048)\n"
             "      --backend NAME     cpu | ref | cuda | cuda-fused (default cpu)\n"
@@ -106,19 +106,24 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
                    gbs, bw, 100 * gbs / bw, gfl, fpct);
     }
     if (csv) return;
-    printf("\nbuild %s; %s; %d threads. Layer: %d experts, top-%d, H=%d, I=%d, SiTU (4, 25); "
+    printf("\nbuild %s; %s; %d threads. Layer: %d experts, top-%d, H=%d, I=%d, %s; "
            "%.2f MB of weights+scales per expert.\n",
            k3_build_commit(), env->cpu, env->threads, env->n_experts, env->top_k, env->hidden,
-           env->inter, env->bytes_per_expert / 1e6);
+           env->inter, env->from_model ? "the checkpoint's activation" : "SiTU (4, 25)",
+           env->bytes_per_expert / 1e6);
     if (!strncmp(env->backend, "cuda", 4)) {
         printf("GPU: all %d experts resident on device 0 (random valid bytes in kernel layout); "
                "bandwidth column = device copy bandwidth measured in this run; no FMA probe "
                "(FLOP %% column 0).\n", env->n_experts);
         return;
     }
-    printf("Experts built in memory: %d of %d (routing is uniform over those %d; %d quantized "
-           "from random floats by k3's quantizer, the rest re-randomized copies of their codes).\n",
-           env->experts_built, env->n_experts, env->experts_built, env->experts_quantized);
+    if (env->from_model)
+        printf("Experts: the checkpoint's %d routed experts of the layer, as stored (%s); routing "
+               "uniform over them.\n", env->experts_built, env->format);
+    else
+        printf("Experts built in memory: %d of %d (routing is uniform over those %d; %d quantized "
+               "from random floats by k3's quantizer, the rest re-randomized copies of their codes).\n",
+               env->experts_built, env->n_experts, env->experts_built, env->experts_quantized);
     printf("Read bandwidth: %.2f GB/s at start (streaming read of %.2f GB, LLC %.0f MB, same "
            "threads, weights and probe on 2 MiB THP when available; cold rows use the median of the reads just before each timed call); "
            "FMA peak: %.1f GFLOP/s (fp32, %s width). %s\n",
@@ -132,6 +137,7 @@ static int bench_moe(int argc, char **argv) {
     const char *cmd = "bench moe", *out = "md";
     int tokens[MAX_TOKENS] = {1, 8, 64, 256, 2048}, n_tokens = 5;
     k3_bench_moe_opts o = {0};
+    int layer_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -148,9 +154,12 @@ static int bench_moe(int argc, char **argv) {
         if (!v) return cli_fail(cmd, "%s: missing value (see k3 bench moe -h)", a);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            return cli_fail(cmd, "-m %s: timing a checkpoint's experts is not available yet (needs "
-                                 "the checkpoint loader); use --preset k3-layer", v);
-        else if (!strcmp(a, "--preset")) {
+            o.model_dir = v;
+        else if (!strcmp(a, "--layer")) {
+            if (cli_parse_int(cmd, a, v, 0, 100000, &n)) return 1;
+            o.layer = (int)n;
+            layer_set = 1;
+        } else if (!strcmp(a, "--preset")) {
             if (strcmp(v, "k3-layer")) return cli_fail(cmd, "--preset: expected k3-layer, got '%s'", v);
         } else if (!strcmp(a, "--tokens")) {
             if (parse_tokens(v, tokens, &n_tokens)) return 1;
@@ -184,6 +193,8 @@ static int bench_moe(int argc, char **argv) {
         } else
             return cli_fail(cmd, "unknown option '%s' (see k3 bench moe -h)", a);
     }
+    if (o.model_dir && !layer_set) o.layer = 1; /* Kimi K3 and Kimi-Linear: layer 0 is dense */
+    if (layer_set && !o.model_dir) return cli_fail(cmd, "--layer needs -m DIR");
     k3_bench_moe_row rows[MAX_TOKENS];
     k3_bench_moe_env env;
     k3_error err = {0};

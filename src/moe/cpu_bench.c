@@ -24,6 +24,7 @@
 #include "cuda/k3_cuda.h"
 #include "formats/block.h"
 #include "formats/fp.h"
+#include "load/model.h"
 #include "moe/activation.h"
 #include "moe/moe_cpu.h"
 
@@ -458,20 +459,42 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     int E = o->n_experts ? o->n_experts : 896, k = o->top_k ? o->top_k : 16;
     int H = o->hidden ? o->hidden : 3584, I = o->inter ? o->inter : 3072;
     int threads = o->threads ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    k3_model *model = NULL;
+    const k3_experts *mex = NULL; /* the checkpoint's experts (-m) */
+    if (o->model_dir) {
+        int layer = o->layer;
+        k3_model_opts mo = {.path = o->model_dir, .n_threads = threads, .layers = &layer,
+                            .n_layers = 1, .progress = 1};
+        if ((rc = k3_model_open(&model, &mo, err))) return rc;
+        const k3_moe_block *blk = k3_model_moe(model, layer);
+        if (!blk) {
+            k3_model_close(model);
+            return k3_fail(err, K3_ERR_ARG, "layer %d: not an MoE layer of %s", layer,
+                           o->model_dir);
+        }
+        mex = &blk->experts;
+        E = mex->n_experts;
+        k = blk->router.top_k;
+        H = mex->hidden;
+        I = mex->inter;
+        fmt = mex->e[0].w1.fmt;
+    }
     int repeats = o->repeats ? o->repeats : 5, warmup = o->warmup ? o->warmup : 1;
     double budget = (o->mem_budget_gib > 0 ? o->mem_budget_gib : 6.0) * 1073741824.0;
-    if (E < 1 || k < 1 || k > E || H < 32 || I < 32 || H % 32 || I % 32)
+    if (!mex && (E < 1 || k < 1 || k > E || H < 32 || I < 32 || H % 32 || I % 32))
         return k3_fail(err, K3_ERR_ARG,
                        "shape: need 1 <= top_k <= experts and hidden, inter multiples of 32, found "
                        "E=%d k=%d H=%d I=%d", E, k, H, I);
     if (repeats < 1 || warmup < 0)
-        return k3_fail(err, K3_ERR_ARG, "repeats: expected >= 1, found %d", repeats);
-    for (int i = 0; i < n_tokens; i++)
+        rc = k3_fail(err, K3_ERR_ARG, "repeats: expected >= 1, found %d", repeats);
+    for (int i = 0; i < n_tokens && !rc; i++)
         if (tokens[i] < 1 || tokens[i] > 65536)
-            return k3_fail(err, K3_ERR_ARG, "tokens: expected 1..65536, found %d", tokens[i]);
-
+            rc = k3_fail(err, K3_ERR_ARG, "tokens: expected 1..65536, found %d", tokens[i]);
     k3_threadpool *pool = NULL;
-    if ((rc = k3_threadpool_create(threads, &pool, err))) return rc;
+    if (rc || (rc = k3_threadpool_create(threads, &pool, err))) {
+        k3_model_close(model);
+        return rc;
+    }
     bank b = {.fmt = fmt, .H = H, .I = I, .seed = o->seed ? o->seed : 1};
     size_t d, sc, per = 0;
     int64_t fc1_rows = k3_act_fc1_rows(BENCH_ACT, I);
@@ -482,8 +505,10 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     int fit = (int)(budget / (double)per);
     b.n = o->experts_built ? o->experts_built : (fit < E ? fit : E);
     if (b.n > E) b.n = E;
+    if (mex) b.n = mex->n_local;
     if (b.n < k) {
         k3_threadpool_free(pool);
+        k3_model_close(model);
         return k3_fail(err, K3_ERR_LIMIT,
                        "experts: %d built (%.2f GiB budget, %.1f MB each) is fewer than top_k %d",
                        b.n, budget / 1073741824.0, (double)per / 1e6, k);
@@ -513,7 +538,7 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     }
     pr.buf = pbuf;
     pr.bytes = pbytes;
-    if ((rc = make_bank(&b, pool, err))) goto done;
+    if (!mex && (rc = make_bank(&b, pool, err))) goto done;
 
     /* Ceilings: best of 3 full reads; FMA peak over ~0.2 s. */
     double best = 0;
@@ -532,6 +557,15 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
 
     k3_experts ex = {.n_experts = b.n, .first_local = 0, .n_local = b.n, .hidden = H, .inter = I,
                      .e = b.e};
+    if (mex) { /* bytes a call reads per touched expert: its matrices as stored */
+        ex = *mex;
+        const k3_expert *e0 = &mex->e[0];
+        b.bytes = k3_qmat_data_bytes(&e0->w1) + k3_qmat_scale_bytes(&e0->w1) +
+                  k3_qmat_data_bytes(&e0->w2) + k3_qmat_scale_bytes(&e0->w2);
+        if (k3_act_is_gated(mex->act.act))
+            b.bytes += k3_qmat_data_bytes(&e0->w3) + k3_qmat_scale_bytes(&e0->w3);
+        fc1_rows = k3_act_fc1_rows(mex->act.act, I);
+    }
     float *alpha = malloc((size_t)b.n * sizeof *alpha), *beta = malloc((size_t)b.n * sizeof *beta);
     if (!alpha || !beta) {
         free(alpha);
@@ -543,7 +577,7 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         alpha[e] = 4.0f; /* Kimi K3's SiTU betas */
         beta[e] = 25.0f;
     }
-    ex.act = (k3_act_params){.act = BENCH_ACT, .alpha = alpha, .beta = beta};
+    if (!mex) ex.act = (k3_act_params){.act = BENCH_ACT, .alpha = alpha, .beta = beta};
     uint64_t rs = b.seed * 31337;
     for (int64_t i = 0; i < (int64_t)Tmax * H; i++) {
         double u1 = urand(&rs) + 1e-300, u2 = urand(&rs);
@@ -554,7 +588,10 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         double touched = 0;
         int tc = 0;
         for (int r = 0; r < warmup + repeats && !rc; r++) {
-            if (!o->warm || r == 0) tc = route(T, k, b.n, &rs, ids, w);
+            if (!o->warm || r == 0) {
+                tc = route(T, k, b.n, &rs, ids, w);
+                for (int64_t i = 0; i < (int64_t)T * k; i++) ids[i] += ex.first_local;
+            }
             double g = 0;
             if (!o->warm) flush_and_probe(pool, &pr, &g);
             double s0 = k3_now();
@@ -585,17 +622,21 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     free(beta);
     cpu_model(env->cpu, sizeof env->cpu);
     snprintf(env->isa, sizeof env->isa, "%s", use_ref ? "float64" : k3_cpu_isa_name(isa));
-    snprintf(env->format, sizeof env->format, "%s", o->format ? o->format : "nvfp4");
+    if (mex)
+        snprintf(env->format, sizeof env->format, "%s", k3_wfmt_name(fmt));
+    else
+        snprintf(env->format, sizeof env->format, "%s", o->format ? o->format : "nvfp4");
     snprintf(env->mode, sizeof env->mode, "%s", o->mode ? o->mode : "w4a16");
     snprintf(env->backend, sizeof env->backend, "%s", o->backend ? o->backend : "cpu");
     env->threads = threads;
+    env->from_model = mex != NULL;
     env->warm = o->warm != 0;
     env->n_experts = E;
     env->top_k = k;
     env->hidden = H;
     env->inter = I;
     env->experts_built = b.n;
-    env->experts_quantized = b.quantized;
+    env->experts_quantized = mex ? 0 : b.quantized;
     env->bytes_per_expert = (double)b.bytes;
     env->probe_bytes = (double)pbytes;
     env->llc_bytes = llc > 0 ? (double)llc : 0;
@@ -609,5 +650,6 @@ done:
     free(times);
     free(bws);
     k3_threadpool_free(pool);
+    k3_model_close(model);
     return rc;
 }
