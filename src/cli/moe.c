@@ -16,11 +16,16 @@
  * This is a checking tool over internal operators, so unlike the user-facing commands it
  * includes internal headers (the loaded model's MoE block and the safetensors reader and
  * writer) besides k3.h. A backend that is not built or not available is an error that says
- * why; nothing falls back to another backend. */
+ * why; nothing falls back to another backend. --backend cuda|cuda-fused runs the whole block
+ * on device 0 (k3_cuda_block_*: router, latent projections and norm, experts, shared MLP) or,
+ * with --experts-only, the routed experts alone (k3_cuda_moe_*); without a GPU, beyond the
+ * fused backend's limits or with in-process expert parallelism (--ep-size without --ep-rank)
+ * it says why and exits 1. */
 #include "cli/cli.h"
 
 #include "base/rng.h"
 #include "base/threadpool.h"
+#include "cuda/k3_cuda.h"
 #include "io/safetensors.h"
 #include "load/model.h"
 #include "moe/moe.h"
@@ -134,9 +139,11 @@ static int cpu_experts(void *ctx, const k3_experts *ex, k3_act_mode mode, const 
     return k3_moe_experts_cpu(ex, mode, x, T, ids, w, k, y, (k3_threadpool *)ctx, err);
 }
 
-/* Fills be for the named backend; *pool receives what must be freed. */
-static int pick_backend(const moe_args *a, k3_moe_backend *be, k3_threadpool **pool) {
+/* Fills be for the named backend; *pool receives what must be freed. For the GPU backends be
+ * stays empty and *gpu receives the k3_cuda_backend (else -1): they run through k3_cuda_*. */
+static int pick_backend(const moe_args *a, k3_moe_backend *be, k3_threadpool **pool, int *gpu) {
     *pool = NULL;
+    *gpu = -1;
     if (!strcmp(a->backend, "ref")) {
         be->experts = k3_moe_experts_ref_f32;
         return 0;
@@ -156,10 +163,24 @@ static int pick_backend(const moe_args *a, k3_moe_backend *be, k3_threadpool **p
                             "--backend %s: this k3 was built without CUDA (no nvcc at build "
                             "time)",
                             a->backend);
-        return cli_fail(CMD,
-                        "--backend %s: this build has no GPU routed-expert operator yet "
-                        "(src/cuda/k3_cuda.h exposes none)",
-                        a->backend);
+        if (a->ep_size > 1 && a->ep_rank < 0)
+            return cli_fail(CMD,
+                            "--backend %s: --ep-size %ld without --ep-rank runs every expert-"
+                            "parallel rank in this process, which the cuda backends do not do "
+                            "(one device holds the whole bank: leave --ep-size out, or give "
+                            "--ep-rank with --experts-only)",
+                            a->backend, a->ep_size);
+        /* before the (long) model load: no device is the common reason it cannot run */
+        int ndev = 0;
+        char dev[160];
+        k3_error err = {0};
+        if (k3_cuda_device_count(&ndev, dev, sizeof dev, &err))
+            return cli_fail_err(CMD, &err);
+        if (ndev == 0)
+            return cli_fail(CMD, "--backend %s: no GPU: no usable CUDA device (%s)", a->backend,
+                            dev);
+        *gpu = !strcmp(a->backend, "cuda") ? K3_CUDA_GROUPED : K3_CUDA_FUSED;
+        return 0;
     }
     return cli_fail(CMD, "--backend '%s': expected ref, cpu, cuda or cuda-fused", a->backend);
 }
@@ -249,6 +270,8 @@ static int write_out(const char *path, const float *y, int T, int width, const i
 
 typedef struct moe_run {
     k3_model *m;
+    k3_cuda_block *cblock;
+    k3_cuda_moe *cmoe;
     k3_st_file *in;
     k3_threadpool *pool;
     float *x, *y, *w;
@@ -260,7 +283,8 @@ static int run(const moe_args *a, moe_run *r) {
     k3_moe_backend be = {0};
     if (k3_act_mode_from_name(a->act, &be.mode, &err))
         return cli_fail_err(CMD, &err);
-    if (pick_backend(a, &be, &r->pool))
+    int gpu;
+    if (pick_backend(a, &be, &r->pool, &gpu))
         return 1;
     bool one_rank = a->ep_rank >= 0;
     be.ep_size = one_rank ? 1 : (int)a->ep_size;
@@ -309,7 +333,22 @@ static int run(const moe_args *a, moe_run *r) {
 
     double t0 = k3_now();
     int rc;
-    if (!a->experts_only)
+    if (gpu >= 0) {
+        /* upload once, then run; the time printed below is the run alone */
+        if (a->experts_only)
+            rc = k3_cuda_moe_create(&b->experts, &r->cmoe, &err);
+        else
+            rc = k3_cuda_block_create(b, &r->cblock, &err);
+        if (rc)
+            return cli_fail_err(CMD, &err);
+        t0 = k3_now();
+        if (a->experts_only)
+            rc = k3_cuda_moe_run_host(r->cmoe, (k3_cuda_backend)gpu, be.mode, r->x, (int)T, r->ids,
+                                      r->w, K, r->y, &err);
+        else
+            rc = k3_cuda_block_run_host(r->cblock, (k3_cuda_backend)gpu, be.mode, r->x, (int)T,
+                                        r->y, r->ids, r->w, &err);
+    } else if (!a->experts_only)
         rc = k3_moe_block_forward(b, &be, r->x, (int)T, r->y, r->ids, r->w, &err);
     else if (be.ep_size > 1)
         rc = k3_moe_experts_ep_sum(be.experts, be.ctx, &b->experts, be.ep_size, be.mode, r->x,
@@ -346,6 +385,8 @@ int cli_moe(int argc, char **argv) {
     k3_model_close(r.m);
     k3_st_close(r.in);
     k3_threadpool_free(r.pool);
+    k3_cuda_block_free(r.cblock);
+    k3_cuda_moe_free(r.cmoe);
     free(r.x), free(r.y), free(r.w), free(r.ids);
     return rc;
 }

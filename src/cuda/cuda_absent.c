@@ -75,3 +75,40 @@ int k3_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_s, k3_error
     *bytes_per_s = 0;
     return NO_CUDA(err, "cuda copy bandwidth");
 }
+
+int k3_cuda_block_create(const k3_moe_block *b, k3_cuda_block **out, k3_error *err) {
+    (void)b;
+    *out = NULL;
+    return NO_CUDA(err, "cuda block");
+}
+
+void k3_cuda_block_free(k3_cuda_block *cb) { (void)cb; }
+
+int k3_cuda_block_top_k(const k3_cuda_block *cb) {
+    (void)cb;
+    return 0;
+}
+
+int k3_cuda_block_check(const k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, int T, k3_error *err) {
+    (void)cb, (void)mode, (void)T;
+    return NO_CUDA(err, k3_cuda_backend_name(b));
+}
+
+int k3_cuda_block_run(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, const float *d_x, int T, float *d_y,
+                      int32_t *d_ids, float *d_w, void *stream, k3_error *err) {
+    (void)cb, (void)mode, (void)d_x, (void)T, (void)d_y, (void)d_ids, (void)d_w, (void)stream;
+    return NO_CUDA(err, k3_cuda_backend_name(b));
+}
+
+int k3_cuda_block_run_host(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, const float *x, int T, float *y,
+                           int32_t *ids, float *w, k3_error *err) {
+    (void)cb, (void)mode, (void)x, (void)T, (void)y, (void)ids, (void)w;
+    return NO_CUDA(err, k3_cuda_backend_name(b));
+}
+
+int k3_cuda_block_time(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, int width, int T, int reps,
+                       uint64_t seed, double *us, k3_error *err) {
+    (void)cb, (void)mode, (void)width, (void)T, (void)reps, (void)seed;
+    *us = 0;
+    return NO_CUDA(err, k3_cuda_backend_name(b));
+}

@@ -125,6 +125,47 @@ void k3_cuda_bench_close(k3_cuda_bench *b);
 /* Device-to-device copy bandwidth over `bytes` (counting read + write), median of reps. */
 int k3_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_s, k3_error *err);
 
+/* ---- the whole MoE block on the GPU (block.cu) ------------------------------------------- */
+
+/* A k3_moe_block resident on device 0: router gate (F32/BF16), correction bias, latent
+ * down/up projections and norm weight, shared MLP (dense weights F32, BF16, F16, FP8_BLOCK,
+ * NVFP4 or MXFP4, kept in file layout) and the routed experts (k3_cuda_moe_create). The
+ * forward is k3_moe_block_forward's on the device: router GEMM (fp32 inputs, double sums
+ * rounded once), noaux_tc routing, latent down-projection, routed experts with the chosen
+ * backend, latent RMSNorm, up-projection, plus the shared MLP on the full-width x. Not
+ * thread safe: one stream at a time per handle. */
+typedef struct k3_cuda_block k3_cuda_block;
+
+/* Validates (k3_moe_block_validate) and uploads b. Errors: those of k3_cuda_moe_create;
+ * K3_ERR_UNSUPPORTED for a router other than noaux_tc without group limits, or a dense
+ * format outside the list above; K3_ERR_SHAPE for a dense matrix whose rows are not whole
+ * 16-byte chunks (cols a multiple of 4 F32, 8 BF16/F16, 16 FP8, 32 NVFP4/MXFP4). */
+int k3_cuda_block_create(const k3_moe_block *b, k3_cuda_block **out, k3_error *err);
+void k3_cuda_block_free(k3_cuda_block *cb);
+/* Router top-k of the uploaded block (0 for NULL). */
+int k3_cuda_block_top_k(const k3_cuda_block *cb);
+
+/* Whether backend b can run the block's experts on T tokens (k3_cuda_moe_check with the
+ * router's top-k): K3_OK or the reason (K3_ERR_LIMIT beyond the fused limits). */
+int k3_cuda_block_check(const k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, int T,
+                        k3_error *err);
+
+/* The block on device arrays: d_x float [T, model_width] (16-byte aligned), d_y float
+ * [T, model_width] fully overwritten, d_ids int32 [T, top_k] and d_w float [T, top_k]
+ * receive the routing. Asynchronous on stream (NULL = default stream). */
+int k3_cuda_block_run(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, const float *d_x,
+                      int T, float *d_y, int32_t *d_ids, float *d_w, void *stream, k3_error *err);
+
+/* The same on host arrays (copies in, runs, synchronizes, copies out); ids and w may be NULL
+ * (not wanted). A non-finite x is K3_ERR_NUMERIC naming the element, as on the CPU. */
+int k3_cuda_block_run_host(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, const float *x,
+                           int T, float *y, int32_t *ids, float *w, k3_error *err);
+
+/* Mean microseconds of one k3_cuda_block_run on T random device-resident tokens of the
+ * given model width, over reps launches back to back after 3 warm-up runs (block_bench.cu). */
+int k3_cuda_block_time(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mode mode, int width, int T,
+                       int reps, uint64_t seed, double *us, k3_error *err);
+
 #ifdef __cplusplus
 }
 #endif
