@@ -25,30 +25,11 @@
 #include <stdio.h>
 
 #include "cuda/k3_cuda.h"
+#include "cuda_skip.h"
 #include "formats/block.h"
 #include "moe_fixture.h"
 
 enum { W = 512, L = 256, IE = 256, E = 32, K = 4, S = 256 };
-
-static int gpu_state = -1;
-static char gpu_name[256];
-
-static int have_gpu(void) {
-    if (gpu_state < 0) {
-        int n = 0;
-        k3_error e = {0};
-        gpu_state = k3_cuda_device_count(&n, gpu_name, sizeof gpu_name, &e) == K3_OK && n > 0;
-    }
-    return gpu_state;
-}
-
-#define NEED_GPU()                                                                                 \
-    do {                                                                                           \
-        if (!have_gpu()) {                                                                         \
-            printf("SKIP: no CUDA device (%s)\n", gpu_name);                                       \
-            skip();                                                                                \
-        }                                                                                          \
-    } while (0)
 
 /* ---- a random block ------------------------------------------------------------------------ */
 
