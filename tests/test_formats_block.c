@@ -374,12 +374,36 @@ static double ref_e4m3(unsigned c) {
     return (c & 0x80) ? -v : v;
 }
 
+/* The float32 row of a block format through its own dequantizer in block.c (0 for formats
+ * without one), so that dequantizer is held to the same exact oracle as k3_qmat_row_f32. */
+static int block_row_f32(const k3_qmat *m, int64_t r, float *out) {
+    const int64_t K = m->cols;
+    switch (m->fmt) {
+    case K3_WFMT_NVFP4:
+        k3_nvfp4_dequantize_row((const uint8_t *)m->data + r * (K / 2),
+                                (const uint8_t *)m->scale + r * (K / K3_NVFP4_BLOCK), K,
+                                m->global_scale, out);
+        return 1;
+    case K3_WFMT_MXFP4:
+        k3_mxfp4_dequantize_row((const uint8_t *)m->data + r * (K / 2),
+                                (const uint8_t *)m->scale + r * (K / K3_MXFP4_BLOCK), K, out);
+        return 1;
+    case K3_WFMT_FP8_BLOCK:
+        k3_fp8_block_dequantize_row(m->data, m->scale, m->rows, K, r, out);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static void check_qmat(const k3_qmat *m, double (*ref)(const k3_qmat *, int64_t, int64_t)) {
     double *o64 = malloc((size_t)m->cols * sizeof *o64);
     float *o32 = malloc((size_t)m->cols * sizeof *o32);
+    float *b32 = malloc((size_t)m->cols * sizeof *b32);
     for (int64_t r = 0; r < m->rows; r++) {
         k3_qmat_row_f64(m, r, o64);
         k3_qmat_row_f32(m, r, o32);
+        int has_block = block_row_f32(m, r, b32);
         for (int64_t c = 0; c < m->cols; c++) {
             double want = ref(m, r, c);
             if (!(o64[c] == want))
@@ -387,6 +411,8 @@ static void check_qmat(const k3_qmat *m, double (*ref)(const k3_qmat *, int64_t,
                          (long long)c, o64[c], want);
             float w32 = (float)want;
             assert_memory_equal(&o32[c], &w32, sizeof w32); /* f64 value rounded once */
+            if (has_block)
+                assert_memory_equal(&b32[c], &w32, sizeof w32);
         }
     }
     /* out-of-range rows are NaN, not a read past the end */
@@ -394,7 +420,7 @@ static void check_qmat(const k3_qmat *m, double (*ref)(const k3_qmat *, int64_t,
     k3_qmat_row_f32(m, -1, o32);
     for (int64_t c = 0; c < m->cols; c++)
         assert_true(isnan(o64[c]) && isnan(o32[c]));
-    free(o64), free(o32);
+    free(o64), free(o32), free(b32);
 }
 
 static double ref_nvfp4(const k3_qmat *m, int64_t r, int64_t c) {

@@ -1,5 +1,6 @@
 /* k3_qmat rows as numbers: exact float64 dequantization (the reference's input) and the
- * float32 version (the float64 value rounded once), plus byte counts. The loader validates
+ * float32 version (the float64 value rounded once), the plain product built on them, plus
+ * byte counts. The loader validates
  * shapes and scales; this file only refuses to read out of bounds: a NULL matrix, a bad
  * format, a row outside [0, rows) or a cols the format cannot hold fills out with NaN, so a
  * caller's mistake shows up in the first comparison instead of as garbage. */
@@ -49,10 +50,21 @@ static int64_t cols_of(const k3_qmat *m) {
     return m && m->cols > 0 ? m->cols : 0;
 }
 
-void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
+/* The one walk over a row for both precisions: each element's exact float64 value goes to
+ * o64 when it is non-NULL, else to o32 rounded once (the float32 contract in qmat.h). */
+#define PUT(c, v)                                                                                  \
+    do {                                                                                           \
+        double v_ = (v);                                                                           \
+        if (o64)                                                                                   \
+            o64[c] = v_;                                                                           \
+        else                                                                                       \
+            o32[c] = (float)v_;                                                                    \
+    } while (0)
+
+static void row_walk(const k3_qmat *m, int64_t r, double *o64, float *o32) {
     if (!row_ok(m, r)) {
         for (int64_t c = 0; c < cols_of(m); c++)
-            out[c] = NAN;
+            PUT(c, NAN);
         return;
     }
     const int64_t K = m->cols;
@@ -60,19 +72,19 @@ void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
     case K3_WFMT_F32: {
         const float *d = (const float *)m->data + r * K;
         for (int64_t c = 0; c < K; c++)
-            out[c] = d[c];
+            PUT(c, d[c]);
         break;
     }
     case K3_WFMT_BF16: {
         const uint16_t *d = (const uint16_t *)m->data + r * K;
         for (int64_t c = 0; c < K; c++)
-            out[c] = k3_bf16_to_f32(d[c]);
+            PUT(c, k3_bf16_to_f32(d[c]));
         break;
     }
     case K3_WFMT_F16: {
         const uint16_t *d = (const uint16_t *)m->data + r * K;
         for (int64_t c = 0; c < K; c++)
-            out[c] = k3_f16_to_f32(d[c]);
+            PUT(c, k3_f16_to_f32(d[c]));
         break;
     }
     case K3_WFMT_NVFP4:
@@ -85,7 +97,7 @@ void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
         for (int64_t c = 0; c < K; c++) {
             uint8_t code = (c & 1) ? (uint8_t)(p[c / 2] >> 4) : (uint8_t)(p[c / 2] & 15);
             double sv = m->fmt == K3_WFMT_NVFP4 ? k3_e4m3_lut[s[c / B]] : k3_e8m0_lut[s[c / B]];
-            out[c] = (double)k3_e2m1_lut[code] * sv * g;
+            PUT(c, (double)k3_e2m1_lut[code] * sv * g);
         }
         break;
     }
@@ -94,7 +106,7 @@ void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
         const float *s = (const float *)m->scale + (r / K3_FP8_BLOCK) * nbc;
         const uint8_t *d = (const uint8_t *)m->data + r * K;
         for (int64_t c = 0; c < K; c++)
-            out[c] = (double)k3_e4m3_lut[d[c]] * s[c / K3_FP8_BLOCK];
+            PUT(c, (double)k3_e4m3_lut[d[c]] * s[c / K3_FP8_BLOCK]);
         break;
     }
     case K3_WFMT_COUNT:
@@ -102,41 +114,27 @@ void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
     }
 }
 
+#undef PUT
+
+void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out) {
+    row_walk(m, r, out, NULL);
+}
+
 void k3_qmat_row_f32(const k3_qmat *m, int64_t r, float *out) {
-    if (!row_ok(m, r)) {
-        for (int64_t c = 0; c < cols_of(m); c++)
-            out[c] = NAN;
-        return;
-    }
-    const int64_t K = m->cols;
-    switch (m->fmt) {
-    case K3_WFMT_F32: {
-        const float *d = (const float *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++)
-            out[c] = d[c];
-        break;
-    }
-    case K3_WFMT_BF16:
-    case K3_WFMT_F16: {
-        const uint16_t *d = (const uint16_t *)m->data + r * K;
-        for (int64_t c = 0; c < K; c++)
-            out[c] = m->fmt == K3_WFMT_BF16 ? k3_bf16_to_f32(d[c]) : k3_f16_to_f32(d[c]);
-        break;
-    }
-    case K3_WFMT_NVFP4:
-        k3_nvfp4_dequantize_row((const uint8_t *)m->data + r * (K / 2),
-                                (const uint8_t *)m->scale + r * (K / K3_NVFP4_BLOCK), K,
-                                m->global_scale, out);
-        break;
-    case K3_WFMT_MXFP4:
-        k3_mxfp4_dequantize_row((const uint8_t *)m->data + r * (K / 2),
-                                (const uint8_t *)m->scale + r * (K / K3_MXFP4_BLOCK), K, out);
-        break;
-    case K3_WFMT_FP8_BLOCK:
-        k3_fp8_block_dequantize_row(m->data, m->scale, m->rows, K, r, out);
-        break;
-    case K3_WFMT_COUNT:
-        break;
+    row_walk(m, r, NULL, out);
+}
+
+void k3_qmat_matmul(const k3_qmat *m, const float *x, int T, float *y, double *row) {
+    const int64_t O = m->rows, C = m->cols;
+    for (int64_t o = 0; o < O; o++) {
+        k3_qmat_row_f64(m, o, row);
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (int64_t)t * C;
+            double acc = 0;
+            for (int64_t c = 0; c < C; c++)
+                acc += (double)xt[c] * row[c];
+            y[(int64_t)t * O + o] = (float)acc;
+        }
     }
 }
 
