@@ -46,6 +46,12 @@ const char *k3_wfmt_name(k3_wfmt fmt);
 void k3_qmat_row_f64(const k3_qmat *m, int64_t r, double *out);
 void k3_qmat_row_f32(const k3_qmat *m, int64_t r, float *out);
 
+/* y[t, o] = sum_c x[t, c] * m[o, c] for x [T, cols] and y [T, rows]: each row of m read once
+ * as exact float64 (into the caller's row[cols]), products summed in double in index order,
+ * rounded once to float. The plain product of the fp32 parts around the experts (router
+ * gate, MoE block projections), not a fast GEMM. */
+void k3_qmat_matmul(const k3_qmat *m, const float *x, int T, float *y, double *row);
+
 /* Bytes of data and scale that m occupies (what a kernel must stream to read it). */
 size_t k3_qmat_data_bytes(const k3_qmat *m);
 size_t k3_qmat_scale_bytes(const k3_qmat *m);

@@ -82,22 +82,14 @@ int k3_moe_experts_ep_sum(k3_moe_experts_fn fn, void *ctx, const k3_experts *ful
 
 /* ---- fp32 building blocks ---------------------------------------------------------- */
 
-/* y[t, o] = sum_c x[t, c] * m[o, c] (x [T, m.cols], y [T, m.rows]); double sums, float out. */
+/* y[t, o] = sum_c x[t, c] * m[o, c] (x [T, m.cols], y [T, m.rows]): k3_qmat_matmul with its
+ * row buffer. */
 static int gemm(const k3_qmat *m, const float *x, int T, float *y, k3_error *err) {
-    int64_t O = m->rows, C = m->cols;
+    int64_t C = m->cols;
     double *row = malloc((size_t)C * sizeof *row);
     if (!row)
         return k3_fail(err, K3_ERR_NOMEM, "moe block: row of %lld", (long long)C);
-    for (int64_t o = 0; o < O; o++) {
-        k3_qmat_row_f64(m, o, row);
-        for (int t = 0; t < T; t++) {
-            const float *xt = x + (int64_t)t * C;
-            double acc = 0;
-            for (int64_t c = 0; c < C; c++)
-                acc += (double)xt[c] * row[c];
-            y[(int64_t)t * O + o] = (float)acc;
-        }
-    }
+    k3_qmat_matmul(m, x, T, y, row);
     free(row);
     return K3_OK;
 }

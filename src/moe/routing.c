@@ -56,21 +56,12 @@ int k3_router_logits(const k3_router *r, const float *x, int T, float *logits, k
         return k3_fail(err, K3_ERR_MISSING, "router: gate weight is missing");
     if (T < 0)
         return k3_fail(err, K3_ERR_ARG, "router: T must be >= 0, found %d", T);
-    int64_t W = r->gate.cols, E = r->n_experts;
+    int64_t W = r->gate.cols;
     double *row = malloc((size_t)W * sizeof *row);
     if (!row)
         return k3_fail(err, K3_ERR_NOMEM, "router: gate row of %lld", (long long)W);
-    /* One gate row at a time against every token: the gate is read once per call. */
-    for (int64_t e = 0; e < E; e++) {
-        k3_qmat_row_f64(&r->gate, e, row);
-        for (int t = 0; t < T; t++) {
-            const float *xt = x + (int64_t)t * W;
-            double acc = 0;
-            for (int64_t c = 0; c < W; c++)
-                acc += (double)xt[c] * row[c];
-            logits[(int64_t)t * E + e] = (float)acc;
-        }
-    }
+    /* gate rows (gate.rows == n_experts, validated) against every token: read once per call */
+    k3_qmat_matmul(&r->gate, x, T, logits, row);
     free(row);
     return K3_OK;
 }
