@@ -21,6 +21,9 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 /* Prints a k3_error from the library the same way; returns 1. */
 int cli_fail_err(const char *cmd, const k3_error *err);
 
+/* Whether argument s is the flag short_form (may be NULL: no short form) or long_form. */
+int cli_is_opt(const char *s, const char *short_form, const char *long_form);
+
 /* Strict numeric flag parsing: the whole string must be a number in range, else an error
  * naming the flag. */
 int cli_parse_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);

@@ -58,6 +58,10 @@ int cli_fail_err(const char *cmd, const k3_error *err) {
     return cli_fail(cmd, "%s: %s", k3_status_str(err->status), err->msg);
 }
 
+int cli_is_opt(const char *s, const char *short_form, const char *long_form) {
+    return (short_form && !strcmp(s, short_form)) || !strcmp(s, long_form);
+}
+
 int cli_parse_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;

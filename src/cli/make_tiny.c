@@ -19,17 +19,17 @@ int cli_make_tiny(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long v;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (cli_is_opt(a, "-h", "--help")) {
             usage(stdout);
             return 0;
-        } else if ((!strcmp(a, "-f") || !strcmp(a, "--format")) && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-f", "--format") && i + 1 < argc) {
             o.format = argv[++i];
-        } else if ((!strcmp(a, "-P") || !strcmp(a, "--preset")) && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-P", "--preset") && i + 1 < argc) {
             o.preset = argv[++i];
-        } else if ((!strcmp(a, "-s") || !strcmp(a, "--seed")) && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-s", "--seed") && i + 1 < argc) {
             if (cli_parse_int("make-tiny", a, argv[++i], 0, 2147483647L, &v)) return 1;
             o.seed = (uint64_t)v;
-        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-t", "--threads") && i + 1 < argc) {
             if (cli_parse_int("make-tiny", a, argv[++i], 0, 256, &v)) return 1;
             o.n_threads = (int)v;
         } else if (a[0] == '-') {

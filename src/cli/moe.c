@@ -61,51 +61,47 @@ typedef struct moe_args {
     int experts_only;
 } moe_args;
 
-static bool is_opt(const char *s, const char *short_form, const char *long_form) {
-    return (short_form && !strcmp(s, short_form)) || !strcmp(s, long_form);
-}
-
 static int parse(int argc, char **argv, moe_args *a, int *help) {
     *a = (moe_args){.backend = "ref", .act = "w4a16", .layer = -1, .ep_size = 1, .ep_rank = -1};
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (is_opt(s, "-h", "--help")) {
+        if (cli_is_opt(s, "-h", "--help")) {
             *help = 1;
             return 0;
-        } else if (is_opt(s, NULL, "--experts-only")) {
+        } else if (cli_is_opt(s, NULL, "--experts-only")) {
             a->experts_only = 1;
             continue;
         }
         if (!v)
             return cli_fail(CMD, "%s: missing value (or unknown option)", s);
         i++;
-        if (is_opt(s, "-m", "--model"))
+        if (cli_is_opt(s, "-m", "--model"))
             a->model = v;
-        else if (is_opt(s, NULL, "--in"))
+        else if (cli_is_opt(s, NULL, "--in"))
             a->in = v;
-        else if (is_opt(s, NULL, "--out"))
+        else if (cli_is_opt(s, NULL, "--out"))
             a->out = v;
-        else if (is_opt(s, NULL, "--backend"))
+        else if (cli_is_opt(s, NULL, "--backend"))
             a->backend = v;
-        else if (is_opt(s, NULL, "--act"))
+        else if (cli_is_opt(s, NULL, "--act"))
             a->act = v;
-        else if (is_opt(s, NULL, "--random")) {
+        else if (cli_is_opt(s, NULL, "--random")) {
             if (cli_parse_int(CMD, s, v, 1, 1 << 20, &a->random_T))
                 return 1;
-        } else if (is_opt(s, NULL, "--seed")) {
+        } else if (cli_is_opt(s, NULL, "--seed")) {
             if (cli_parse_int(CMD, s, v, 0, 2147483647L, &a->seed))
                 return 1;
-        } else if (is_opt(s, NULL, "--layer")) {
+        } else if (cli_is_opt(s, NULL, "--layer")) {
             if (cli_parse_int(CMD, s, v, 0, 1 << 20, &a->layer))
                 return 1;
-        } else if (is_opt(s, NULL, "--ep-size")) {
+        } else if (cli_is_opt(s, NULL, "--ep-size")) {
             if (cli_parse_int(CMD, s, v, 1, 1 << 16, &a->ep_size))
                 return 1;
-        } else if (is_opt(s, NULL, "--ep-rank")) {
+        } else if (cli_is_opt(s, NULL, "--ep-rank")) {
             if (cli_parse_int(CMD, s, v, 0, (1 << 16) - 1, &a->ep_rank))
                 return 1;
-        } else if (is_opt(s, "-t", "--threads")) {
+        } else if (cli_is_opt(s, "-t", "--threads")) {
             if (cli_parse_int(CMD, s, v, 0, 1024, &a->threads))
                 return 1;
         } else {

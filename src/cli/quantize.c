@@ -23,19 +23,19 @@ int cli_quantize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long v;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (cli_is_opt(a, "-h", "--help")) {
             usage(stdout);
             return 0;
-        } else if ((!strcmp(a, "-T") || !strcmp(a, "--to")) && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-T", "--to") && i + 1 < argc) {
             o.to = argv[++i];
-        } else if (!strcmp(a, "--only") && i + 1 < argc) {
+        } else if (cli_is_opt(a, NULL, "--only") && i + 1 < argc) {
             if (o.n_only == MAX_PATTERNS) return cli_fail("quantize", "--only: at most %d patterns", MAX_PATTERNS);
             only[o.n_only++] = argv[++i];
-        } else if (!strcmp(a, "--exclude") && i + 1 < argc) {
+        } else if (cli_is_opt(a, NULL, "--exclude") && i + 1 < argc) {
             if (o.n_exclude == MAX_PATTERNS)
                 return cli_fail("quantize", "--exclude: at most %d patterns", MAX_PATTERNS);
             excl[o.n_exclude++] = argv[++i];
-        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-t", "--threads") && i + 1 < argc) {
             if (cli_parse_int("quantize", a, argv[++i], 0, 256, &v)) return 1;
             o.n_threads = (int)v;
         } else if (a[0] == '-') {
