@@ -17,7 +17,6 @@
 /* Formats the message into err (if non-NULL) and returns status, so callers write
  * `return k3_fail(err, K3_ERR_FORMAT, "%s: ...", path);`. */
 int k3_fail(k3_error *err, int status, const char *fmt, ...) K3_PRINTF(3, 4);
-void k3_error_clear(k3_error *err);
 
 /* Checked arithmetic: return false on overflow and leave *out untouched. */
 static inline bool k3_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {

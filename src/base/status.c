@@ -44,13 +44,6 @@ int k3_fail(k3_error *err, int status, const char *fmt, ...) {
     return status;
 }
 
-void k3_error_clear(k3_error *err) {
-    if (err) {
-        err->status = K3_OK;
-        err->msg[0] = '\0';
-    }
-}
-
 static int log_level = K3_LOG_INFO;
 void k3_log_set_level(int level) {
     log_level = level;

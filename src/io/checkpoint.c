@@ -269,10 +269,6 @@ const char *k3_checkpoint_shard_name(const k3_checkpoint *ck, size_t shard) {
     return shard < ck->n_shards ? ck->shard_names[shard] : NULL;
 }
 
-k3_st_file *k3_checkpoint_shard_file(const k3_checkpoint *ck, size_t shard) {
-    return shard < ck->n_shards ? ck->shards[shard] : NULL;
-}
-
 int k3_checkpoint_tensor_info(const k3_checkpoint *ck, size_t i, k3_tensor_info *out,
                               k3_error *err) {
     if (i >= ck->n)

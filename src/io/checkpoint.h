@@ -25,8 +25,6 @@ int k3_checkpoint_tensor_raw(const k3_checkpoint *ck, size_t i, k3_st_file **fil
 /* By name: K3_ERR_MISSING (message names the tensor and the checkpoint) when absent. */
 int k3_checkpoint_lookup(const k3_checkpoint *ck, const char *name, k3_st_file **file,
                          const k3_st_tensor **t, k3_error *err);
-/* The shard handle (NULL when out of range). */
-k3_st_file *k3_checkpoint_shard_file(const k3_checkpoint *ck, size_t shard);
 
 /* ---- model.safetensors.index.json (st_index.c) -------------------------------------- */
 

@@ -206,10 +206,6 @@ const k3_st_tensor *k3_st_find(const k3_st_file *f, const char *name) {
     return k3_name_table_get(&f->by_name, name, &i) ? &f->t[i] : NULL;
 }
 
-size_t k3_st_index_of(const k3_st_file *f, const k3_st_tensor *t) {
-    return (size_t)(t - f->t);
-}
-
 size_t k3_st_metadata_count(const k3_st_file *f) {
     return f->n_meta;
 }

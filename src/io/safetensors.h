@@ -59,7 +59,6 @@ uint64_t k3_st_data_start(const k3_st_file *f); /* 8 + N: absolute offset of the
 size_t k3_st_count(const k3_st_file *f);
 const k3_st_tensor *k3_st_at(const k3_st_file *f, size_t i);           /* NULL when out of range */
 const k3_st_tensor *k3_st_find(const k3_st_file *f, const char *name); /* NULL when absent */
-size_t k3_st_index_of(const k3_st_file *f, const k3_st_tensor *t);     /* t must belong to f */
 
 /* __metadata__, sorted by key. */
 size_t k3_st_metadata_count(const k3_st_file *f);
@@ -124,8 +123,6 @@ int k3_st_writer_put(k3_st_writer *w, const char *name, const void *data, size_t
 int k3_st_writer_put_chunk(k3_st_writer *w, const char *name, const void *data, size_t nbytes,
                            k3_error *err);
 int k3_st_writer_finish(k3_st_writer *w, k3_error *err);
-/* After begin: the data-buffer size and the header length N (for tests and the index). */
-uint64_t k3_st_writer_data_size(const k3_st_writer *w);
 
 /* One tensor held in memory, for the whole-file helpers below. */
 typedef struct k3_st_wtensor {

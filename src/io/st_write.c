@@ -351,10 +351,6 @@ int k3_st_writer_begin(k3_st_writer *w, const char *path, k3_error *err) {
     return rc;
 }
 
-uint64_t k3_st_writer_data_size(const k3_st_writer *w) {
-    return w->data_size;
-}
-
 static int put(k3_st_writer *w, const char *name, const void *data, size_t nbytes, bool whole,
                k3_error *err) {
     if (w->state != W_WRITING)
