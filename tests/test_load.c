@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <ftw.h>
 #include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,15 +23,11 @@
 #include "load/model.h"
 #include "load/read.h"
 #include "load/tiny.h"
+#include "rm_tree.h"
 
 static char root[256];
 static char ckpt[K3_TINY_FORMAT_COUNT][300];
 static const uint64_t SEED = 7;
-
-static int rm_one(const char *p, const struct stat *s, int f, struct FTW *w) {
-    (void)s, (void)f, (void)w;
-    return remove(p);
-}
 
 static int setup(void **state) {
     (void)state;
@@ -53,7 +48,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    rm_tree(root);
     return 0;
 }
 

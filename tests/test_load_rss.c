@@ -11,7 +11,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +20,11 @@
 
 #include "load/model.h"
 #include "load/tiny.h"
+#include "rm_tree.h"
 
 #define SLACK (2u << 20) /* name tables, plan, thread stacks, malloc arenas */
 
 static char root[256];
-static int rm_one(const char *p, const struct stat *s, int f, struct FTW *w) {
-    (void)s, (void)f, (void)w;
-    return remove(p);
-}
-
 static long status_kb(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
@@ -124,7 +119,7 @@ static void test_rss_bound(void **state) {
             full.growth_kb * 1024 / 1e6, full.read / full.seconds / 1e9);
     assert_true((uint64_t)full.growth_kb * 1024 >= full.kept);
     assert_true((uint64_t)full.growth_kb * 1024 <= full.kept + SLACK);
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    rm_tree(root);
 }
 
 int main(void) {

@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,13 +15,10 @@
 
 #include "io/json.h"
 #include "load/tiny.h"
+#include "rm_tree.h"
 
 static char root[256];
 
-static int rm_one(const char *p, const struct stat *s, int f, struct FTW *w) {
-    (void)s, (void)f, (void)w;
-    return remove(p);
-}
 static int setup(void **state) {
     (void)state;
     snprintf(root, sizeof root, "/tmp/k3-test-tiny-XXXXXX");
@@ -30,7 +26,7 @@ static int setup(void **state) {
 }
 static int teardown(void **state) {
     (void)state;
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    rm_tree(root);
     return 0;
 }
 

@@ -7,7 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,14 +16,11 @@
 #include "formats/fp.h"
 #include "load/model.h"
 #include "load/tiny.h"
+#include "rm_tree.h"
 
 static char root[256], bf16[300];
 static k3_model *src;
 
-static int rm_one(const char *p, const struct stat *s, int f, struct FTW *w) {
-    (void)s, (void)f, (void)w;
-    return remove(p);
-}
 static int setup(void **state) {
     (void)state;
     snprintf(root, sizeof root, "/tmp/k3-test-quantize-XXXXXX");
@@ -39,7 +35,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     k3_model_close(src);
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    rm_tree(root);
     return 0;
 }
 

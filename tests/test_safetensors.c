@@ -12,8 +12,8 @@
 #include <cmocka.h>
 
 #include "io/checkpoint.h"
+#include "rm_tree.h"
 
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +21,6 @@
 #include <unistd.h>
 
 static char tmpdir[64];
-
-static int rm_one(const char *p, const struct stat *s, int flag, struct FTW *f) {
-    (void)s, (void)flag, (void)f;
-    return remove(p);
-}
 
 static int setup(void **state) {
     (void)state;
@@ -35,7 +30,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    return nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    return rm_tree(tmpdir);
 }
 
 static char *tpath(const char *name) {
@@ -520,7 +515,7 @@ static void test_views_and_reads(void **state) {
 /* ---- checkpoints and the index --------------------------------------------------------- */
 
 static void mkdir_clean(const char *d) {
-    nftw(d, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    rm_tree(d);
     assert_int_equal(mkdir(d, 0755), 0);
 }
 
