@@ -71,26 +71,24 @@ uint8_t k3_f32_to_e2m1(float x) {
     return (uint8_t)(((u >> 28) & 8u) | code);
 }
 
-uint8_t k3_f32_to_e4m3(float x) {
+/* Both FP8 encoders: NaN is 0x7F, and a magnitude past max_code becomes max_code. */
+static inline uint8_t f32_to_fp8(float x, int mbits, int bias, uint32_t max_code) {
     uint32_t u = k3_f32_bits(x);
     uint32_t a = u & 0x7FFFFFFFu;
     if (a > 0x7F800000u)
         return 0x7F;
-    uint32_t r = round_mag(a, 3, 7);
-    if (r > 0x7Eu)
-        r = 0x7Eu; /* saturate to 448 (Inf included) */
+    uint32_t r = round_mag(a, mbits, bias);
+    if (r > max_code)
+        r = max_code;
     return (uint8_t)(((u >> 24) & 0x80u) | r);
 }
 
+uint8_t k3_f32_to_e4m3(float x) {
+    return f32_to_fp8(x, 3, 7, 0x7Eu); /* saturate to 448 (Inf included) */
+}
+
 uint8_t k3_f32_to_e5m2(float x) {
-    uint32_t u = k3_f32_bits(x);
-    uint32_t a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u)
-        return 0x7F;
-    uint32_t r = round_mag(a, 2, 15);
-    if (r > 0x7Cu)
-        r = 0x7Cu; /* overflow is Inf */
-    return (uint8_t)(((u >> 24) & 0x80u) | r);
+    return f32_to_fp8(x, 2, 15, 0x7Cu); /* overflow is Inf */
 }
 
 uint8_t k3_e8m0_from_exp(int e) {
