@@ -130,13 +130,9 @@ static int parse_root(k3_st_index *ix, const cJSON *root, const char *what, k3_e
     return rc;
 }
 
-int k3_st_index_parse(k3_st_index **out, const char *text, size_t len, const char *what,
-                      k3_error *err) {
-    *out = NULL;
-    cJSON *root;
-    int rc = k3_json_parse(&root, text, len, what, err);
-    if (rc)
-        return rc;
+/* The index in root (which this consumes); what names the source in messages. */
+static int index_from_json(k3_st_index **out, cJSON *root, const char *what, k3_error *err) {
+    int rc;
     k3_st_index *ix = calloc(1, sizeof *ix);
     if (!ix)
         rc = k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", what);
@@ -150,21 +146,17 @@ int k3_st_index_parse(k3_st_index **out, const char *text, size_t len, const cha
     return rc;
 }
 
+int k3_st_index_parse(k3_st_index **out, const char *text, size_t len, const char *what,
+                      k3_error *err) {
+    *out = NULL;
+    cJSON *root;
+    int rc = k3_json_parse(&root, text, len, what, err);
+    return rc ? rc : index_from_json(out, root, what, err);
+}
+
 int k3_st_index_load(k3_st_index **out, const char *path, k3_error *err) {
     *out = NULL;
     cJSON *root;
     int rc = k3_json_parse_file(&root, path, K3_INDEX_MAX_BYTES, err);
-    if (rc)
-        return rc;
-    k3_st_index *ix = calloc(1, sizeof *ix);
-    if (!ix)
-        rc = k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", path);
-    else
-        rc = parse_root(ix, root, path, err);
-    cJSON_Delete(root);
-    if (rc)
-        k3_st_index_free(ix);
-    else
-        *out = ix;
-    return rc;
+    return rc ? rc : index_from_json(out, root, path, err);
 }
