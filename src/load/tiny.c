@@ -115,7 +115,8 @@ int k3_tiny_quant(k3_tiny_format fmt, const k3_model_config *mc, k3_quant_config
     /* The ignore list of the original moonshotai/Kimi-K3 exactly (k3-architecture.md §1.2,
      * quantization row). It does not list the router, the latent projections or the
      * embedding, which the checkpoint still stores BF16: only the routed experts are packed,
-     * and k3_tiny_quantizes() keeps the rest plain, as the loader must cope with. */
+     * and the writer (k3_tiny_run, tiny_write.c) keeps the rest plain, as the loader must
+     * cope with. */
     static const char *const k3_mx_ignore[] = {
         "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
         "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"};
