@@ -60,7 +60,7 @@ typedef struct plan {
     k3_dot_fn dot;
     k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
     k3_rows_fn rows;   /* experts with one token: several rows per pass, or NULL */
-    int chunk; /* input layout of the kernel for this format */
+    int layout; /* k3_fp4_layout of the kernel's inputs for this format */
     bool gated;
     int64_t H, I;
     int T, k;
@@ -78,6 +78,7 @@ typedef struct plan {
     float in1, in2;     /* factor restoring the activations' scale: 1/g in W4A4, else 1 */
     double in1d;        /* 1/g1 in float64 (the emulation divides by g1 in float64) */
     int64_t fc1_blocks, fc2_blocks; /* per expert */
+    int64_t fc1_passes, fc2_passes; /* one-token path: passes over all active experts */
     float *scratch;     /* per thread: 2 * max(H, I) floats */
     int64_t scratch_stride;
 } plan;
@@ -105,7 +106,7 @@ static inline const uint8_t *row_scale(const k3_qmat *m, int64_t r) {
 
 static float out_scale(const k3_qmat *m) { return m->fmt == K3_WFMT_NVFP4 ? m->global_scale : 1.0f; }
 
-/* One activation row (natural order, n long) into kernel layout `chunk`, through the
+/* One activation row (natural order, n long) into the kernel layout, through the
  * mode's quantizer: W4A4 keeps code * block scale (exact; 1/g is applied after the dot),
  * W4A8 keeps the exact MXFP8 value. tmp holds 2n floats. */
 static void convert_row(const plan *p, const float *in, int64_t n, float g, float *out,
@@ -125,12 +126,12 @@ static void convert_row(const plan *p, const float *in, int64_t n, float g, floa
         k3_mxfp8_dequantize_row(q, s, n, d);
         src = d;
     }
-    if (src == out && p->chunk <= 1) return;
+    if (src == out && p->layout == K3_FP4_NATURAL) return;
     if (src == out) { /* permute in place through tmp */
         memcpy(tmp, src, (size_t)n * sizeof *tmp);
         src = tmp;
     }
-    for (int64_t i = 0; i < n; i++) out[k3_cpu_pos(i, n, p->chunk)] = src[i];
+    for (int64_t i = 0; i < n; i++) out[k3_cpu_pos(i, n, p->layout)] = src[i];
 }
 
 static float *thread_tmp(const plan *p, int thread) {
@@ -179,7 +180,7 @@ static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
                         ss[n++] = row_scale(&E->w3, i + j);
                     }
                 }
-                p->rows(qs, ss, n, p->H, xr, v);
+                p->rows(qs, ss, n, p->H, xr, v, NULL, NULL);
                 for (int j = 0; j < m; j++) {
                     float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
                     p->h[r0 * p->I + i + j] = k3_act_f32(&ex->act, le, g, u);
@@ -233,7 +234,7 @@ static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
                     qs[j] = row_data(w2, n + j);
                     ss[j] = row_scale(w2, n + j);
                 }
-                p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v);
+                p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v, NULL, NULL);
                 for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
             }
             continue;
@@ -248,6 +249,92 @@ static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
                 for (int j = 0; j < nt; j++) p->y2[(r0 + j) * p->H + n] = v[j] * s2;
             }
         }
+    }
+}
+
+/* One token per active expert (T = 1, or T small with distinct experts): the work is a
+ * flat sequence of passes, pass = (active expert, group of rows), walked in order so each
+ * call can prefetch the rows of the pass after it, across expert boundaries too. */
+#define PASS_CHUNK 16 /* passes per dynamic grab: long runs keep the prefetch chain useful */
+
+/* FC1 pass: gate and up rows of 2 outputs (gated) or 4 outputs. */
+static int fc1_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const uint8_t **ss,
+                         int *a_out, int64_t *i_out) {
+    int per = p->gated ? 2 : 4;
+    int64_t ppe = (p->I + per - 1) / per;
+    int a = (int)(pass / ppe);
+    int64_t i = (pass % ppe) * per;
+    const k3_expert *E = &p->ex->e[p->act_e[a]];
+    int m = (int)(p->I - i < per ? p->I - i : per), n = 0;
+    for (int j = 0; j < m; j++) {
+        qs[n] = row_data(&E->w1, i + j);
+        ss[n++] = row_scale(&E->w1, i + j);
+        if (p->gated) {
+            qs[n] = row_data(&E->w3, i + j);
+            ss[n++] = row_scale(&E->w3, i + j);
+        }
+    }
+    *a_out = a;
+    *i_out = i;
+    return m;
+}
+
+static void phase_fc1_one(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    const k3_experts *ex = p->ex;
+    int64_t n_pass = p->fc1_passes;
+    for (int64_t pass = b; pass < e; pass++) {
+        const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
+        int a, an;
+        int64_t i, in;
+        int m = fc1_pass_rows(p, pass, qs, ss, &a, &i);
+        if (pass + 1 < n_pass) fc1_pass_rows(p, pass + 1, nq, ns, &an, &in);
+        int le = p->act_e[a];
+        const k3_expert *E = &ex->e[le];
+        float s1 = out_scale(&E->w1), s3 = p->gated ? out_scale(&E->w3) : 0, v[K3_CPU_NR];
+        int64_t r0 = p->off[a];
+        p->rows(qs, ss, p->gated ? 2 * m : m, p->H, p->xin + (int64_t)p->row_tok[r0] * p->H, v,
+                pass + 1 < n_pass ? nq : NULL, pass + 1 < n_pass ? ns : NULL);
+        for (int j = 0; j < m; j++) {
+            float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
+            p->h[r0 * p->I + i + j] = k3_act_f32(&ex->act, le, g, u);
+        }
+    }
+}
+
+/* FC2 pass: K3_CPU_NR consecutive output rows of one expert. */
+static int fc2_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const uint8_t **ss,
+                         int *a_out, int64_t *n_out) {
+    int64_t ppe = (p->H + K3_CPU_NR - 1) / K3_CPU_NR;
+    int a = (int)(pass / ppe);
+    int64_t n = (pass % ppe) * K3_CPU_NR;
+    const k3_qmat *w2 = &p->ex->e[p->act_e[a]].w2;
+    int m = (int)(p->H - n < K3_CPU_NR ? p->H - n : K3_CPU_NR);
+    for (int j = 0; j < m; j++) {
+        qs[j] = row_data(w2, n + j);
+        ss[j] = row_scale(w2, n + j);
+    }
+    *a_out = a;
+    *n_out = n;
+    return m;
+}
+
+static void phase_fc2_one(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    int64_t n_pass = p->fc2_passes;
+    for (int64_t pass = b; pass < e; pass++) {
+        const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
+        int a, an;
+        int64_t n, nn;
+        int m = fc2_pass_rows(p, pass, qs, ss, &a, &n);
+        if (pass + 1 < n_pass) fc2_pass_rows(p, pass + 1, nq, ns, &an, &nn);
+        float s2 = out_scale(&p->ex->e[p->act_e[a]].w2), v[K3_CPU_NR];
+        int64_t r0 = p->off[a];
+        p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v, pass + 1 < n_pass ? nq : NULL,
+                pass + 1 < n_pass ? ns : NULL);
+        for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
     }
 }
 
@@ -372,7 +459,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     k3_wfmt fmt = ex->n_local ? ex->e[0].w1.fmt : K3_WFMT_F32;
     p.dot = fmt == K3_WFMT_NVFP4 ? kern->nvfp4 : fmt == K3_WFMT_MXFP4 ? kern->mxfp4
           : fmt == K3_WFMT_BF16 ? kern->bf16 : kern->f32;
-    p.chunk = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_chunk : 1;
+    p.layout = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_layout : K3_FP4_NATURAL;
     p.rows = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_rows : fmt == K3_WFMT_MXFP4 ? kern->mxfp4_rows : NULL;
     p.gated = k3_act_is_gated(ex->act.act);
     if (mode == K3_MODE_W4A4) {
@@ -438,10 +525,20 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     p.fc2_blocks = (p.H + FC2_ROWS - 1) / FC2_ROWS;
     if (R > 0) {
         k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_inputs, &p);
-        k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
-        if (p.chunk > 1 || mode != K3_MODE_W4A16)
+        bool one = p.rows && !p.dot64 && R == p.n_act; /* every active expert has one row */
+        int per = p.gated ? 2 : 4;
+        p.fc1_passes = p.n_act * ((p.I + per - 1) / per);
+        p.fc2_passes = p.n_act * ((p.H + K3_CPU_NR - 1) / K3_CPU_NR);
+        if (one)
+            k3_parallel_for(pool, p.fc1_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc1_one, &p);
+        else
+            k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
+        if (p.layout != K3_FP4_NATURAL || mode != K3_MODE_W4A16)
             k3_parallel_for(pool, R, 1, K3_SCHED_DYNAMIC, phase_hidden, &p);
-        k3_parallel_for(pool, p.n_act * p.fc2_blocks, 1, K3_SCHED_DYNAMIC, phase_fc2, &p);
+        if (one)
+            k3_parallel_for(pool, p.fc2_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc2_one, &p);
+        else
+            k3_parallel_for(pool, p.n_act * p.fc2_blocks, 1, K3_SCHED_DYNAMIC, phase_fc2, &p);
     }
     k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_finalize, &p);
     rc = K3_OK;

@@ -179,7 +179,7 @@ TAVX2 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 }
 
 const k3_cpu_kern k3_cpu_kern_avx2 = {
-    .name = "avx2", .fp4_chunk = 16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
+    .name = "avx2", .fp4_layout = K3_FP4_PAIRS16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
 };
 #else
