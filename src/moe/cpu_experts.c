@@ -10,7 +10,8 @@
  *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8);
  *  4. FC2: items = (active expert, block of output rows);
  *  5. finalize: y[t] = sum of w[t, slot] * row(t, slot) over the local slots, in slot order.
- * Scratch is allocated per call; at T = 1 it is a few hundred kilobytes. */
+ * Scratch (a few hundred kilobytes at T = 1) comes from the pool's workspace, so repeated
+ * calls do not fault in fresh pages; it is sized for R = T*k rows up front. */
 #include "moe/moe_cpu.h"
 
 #include <math.h>
@@ -477,19 +478,41 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     /* Counting sort of the (token, slot) pairs by local expert. */
     int64_t TK = (int64_t)T * k;
     int nl = ex->n_local, nth = k3_threadpool_size(pool);
-    int64_t *count = calloc((size_t)nl + 1, sizeof *count);
-    p.slot_row = malloc((size_t)TK * sizeof *p.slot_row);
-    p.row_tok = malloc((size_t)(TK ? TK : 1) * sizeof *p.row_tok);
-    p.act_e = malloc(((size_t)nl + 1) * sizeof *p.act_e);
-    p.off = malloc(((size_t)nl + 2) * sizeof *p.off);
     int64_t mx = p.H > p.I ? p.H : p.I;
     p.scratch_stride = 2 * mx + 16;
-    p.scratch = malloc((size_t)(nth * p.scratch_stride) * sizeof *p.scratch);
-    p.xin = malloc((size_t)(T * p.H) * sizeof *p.xin);
-    if (!count || !p.slot_row || !p.row_tok || !p.act_e || !p.off || !p.scratch || !p.xin) {
-        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %d tokens", T);
+    /* One block for everything (R <= T*k rows): from the pool's workspace, so a steady
+     * stream of calls touches the same pages; malloc only without a pool. */
+    size_t sz[9] = {((size_t)nl + 1) * sizeof(int64_t), (size_t)TK * sizeof(int64_t),
+                    (size_t)(TK ? TK : 1) * sizeof(int32_t), ((size_t)nl + 1) * sizeof(int),
+                    ((size_t)nl + 2) * sizeof(int64_t),
+                    (size_t)(nth * p.scratch_stride) * sizeof(float),
+                    (size_t)(T * p.H) * sizeof(float), (size_t)(TK * p.I) * sizeof(float),
+                    (size_t)(TK * p.H) * sizeof(float)};
+    size_t total = 0;
+    for (int j = 0; j < 9; j++) total += (sz[j] + 63) / 64 * 64;
+    void *owned = NULL;
+    uint8_t *ws = k3_threadpool_workspace(pool, total);
+    if (!ws) ws = owned = aligned_alloc(64, total);
+    if (!ws) {
+        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %d tokens (%zu bytes)", T, total);
         goto done;
     }
+    void *part[9];
+    size_t o = 0;
+    for (int j = 0; j < 9; j++) {
+        part[j] = ws + o;
+        o += (sz[j] + 63) / 64 * 64;
+    }
+    int64_t *count = part[0];
+    memset(count, 0, sz[0]);
+    p.slot_row = part[1];
+    p.row_tok = part[2];
+    p.act_e = part[3];
+    p.off = part[4];
+    p.scratch = part[5];
+    p.xin = part[6];
+    p.h = part[7];
+    p.y2 = part[8];
     for (int64_t i = 0; i < TK; i++) {
         int le = ids[i] - ex->first_local;
         if (le >= 0 && le < nl) count[le]++;
@@ -515,12 +538,6 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
             p.slot_row[i] = -1;
         }
     }
-    p.h = malloc((size_t)(R ? R * p.I : 1) * sizeof *p.h);
-    p.y2 = malloc((size_t)(R ? R * p.H : 1) * sizeof *p.y2);
-    if (!p.h || !p.y2) {
-        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %lld expert rows", (long long)R);
-        goto done;
-    }
     p.fc1_blocks = (p.I + FC1_ROWS - 1) / FC1_ROWS;
     p.fc2_blocks = (p.H + FC2_ROWS - 1) / FC2_ROWS;
     if (R > 0) {
@@ -543,15 +560,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_finalize, &p);
     rc = K3_OK;
 done:
-    free(count);
-    free(p.slot_row);
-    free(p.row_tok);
-    free(p.act_e);
-    free(p.off);
-    free(p.scratch);
-    free(p.xin);
-    free(p.h);
-    free(p.y2);
+    free(owned);
     return rc;
 }
 
