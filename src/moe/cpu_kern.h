@@ -7,10 +7,13 @@
  * the activation matching each decoded weight lane sits in a plain vector load:
  *  - K3_FP4_PAIRS16 (AVX2): bytes widened to 8 dword lanes, lane j holds elements 2j (low
  *    nibble) and 2j+1 (high nibble): the 8 even elements, then the 8 odd ones;
- *  - K3_FP4_NIB16 (AVX-512): the block's 8 bytes broadcast to every qword and shifted by a
- *    per-lane count, lane j holds nibble j>>1 of dword j&1, i.e. element 8*(j&1) + (j>>1).
- *    One load, one shift, one permute per 16 weights, and a whole block in one vector, so
- *    its scale is a broadcast straight from the table.
+ *  - K3_FP4_NIB16: the block's 8 bytes broadcast to every qword and shifted by a per-lane
+ *    count, lane j holds nibble j>>1 of dword j&1, i.e. element 8*(j&1) + (j>>1);
+ *  - K3_FP4_T128 (AVX-512): per 128 elements (64 bytes, one vector load), lane j of the
+ *    vector shifted by 4k holds nibble k of dword j, element 8j + k: position 16k + j.
+ *    One load, 7 shifts and 8 permutes per 128 weights, and the 8 products of a lane all
+ *    belong to one block, so they are summed before the lane's block scale is applied
+ *    once. Blocks after the last whole 128 use K3_FP4_NIB16.
  * Elements past the last whole block keep their natural order. */
 #ifndef K3_CPU_KERN_H
 #define K3_CPU_KERN_H
@@ -56,11 +59,20 @@ extern float k3_cpu_e4m3[256];
 extern float k3_cpu_e8m0[256];
 void k3_cpu_tables_init(void);
 
-typedef enum k3_fp4_layout { K3_FP4_NATURAL = 0, K3_FP4_PAIRS16, K3_FP4_NIB16 } k3_fp4_layout;
+typedef enum k3_fp4_layout {
+    K3_FP4_NATURAL = 0,
+    K3_FP4_PAIRS16,
+    K3_FP4_NIB16,
+    K3_FP4_T128
+} k3_fp4_layout;
 
 /* Where natural element i of a K-long input lives in a kernel's layout. */
 static inline int64_t k3_cpu_pos(int64_t i, int64_t K, int layout) {
     if (layout == K3_FP4_NATURAL || i >= K - K % 16) return i;
+    if (layout == K3_FP4_T128 && i < K - K % 128) {
+        int64_t e = i & 127;
+        return (i - e) + 16 * (e & 7) + (e >> 3);
+    }
     int64_t in = i & 15;
     if (layout == K3_FP4_PAIRS16) return (i - in) + ((in & 1) ? 8 : 0) + (in >> 1);
     return (i - in) + 2 * (in & 7) + (in >> 3);

@@ -1,17 +1,22 @@
 /* AVX-512 (F/BW/VL) row kernels. Compiled with function-level target attributes (the
  * Makefile has no -march) and only called after __builtin_cpu_supports says yes.
  *
- * 4-bit rows, one 16-element block = 8 bytes per step (layout K3_FP4_NIB16, cpu_kern.h):
- * the 8 bytes are broadcast to every qword straight from memory (a load, no shuffle),
- * vpsrlvd moves nibble j>>1 of dword j&1 to the bottom of lane j, and vpermps, which reads
- * only the low 4 bits of each index, looks the 16 lanes up in the E2M1 table. So a block
- * costs one shift (port 0) and one permute (port 5) before the arithmetic, and its 16
- * lanes share one block scale, which is an embedded broadcast from the 256-entry E4M3/E8M0
- * table (exact for every code, NaN included). Per token and NVFP4 block: p = w*x,
- * acc += p*s; an MXFP4 block is two vectors, p = w0*x0 + w1*x1, acc += p*s.
- * At T = 1 (fp4_rows) several rows share each activation vector, one accumulator per row
- * keeps the FMA latency chains independent, and each row stream is prefetched once per
- * 64-byte line. */
+ * 4-bit rows, 128 elements = 64 bytes per step (layout K3_FP4_T128, cpu_kern.h): one
+ * vector load, then for k = 0..7 a shift by 4k and vpermps (which reads only the low 4
+ * bits of each index) against the 16-entry E2M1 table give w_k, lane j = element 8j + k.
+ * All 8 elements of lane j are in one block (16 elements = 2 lanes for NVFP4, 4 lanes for
+ * MXFP4), so per token t = sum_k w_k * x_k, then acc += t * s with s the vector of the
+ * lanes' block scales: 7 shifts, 8 permutes, 9 FMA-class ops and 3 for the scales per 128
+ * weights, against 32 for one 16-weight block at a time.
+ * The scale vector is built without a table when every scale of the row is a positive
+ * normal (E4M3 codes 0x08..0x7E, E8M0 1..254: what real checkpoints hold): vpshufb puts
+ * each lane's scale byte in its dword and a shift (and for E4M3 an add to the exponent)
+ * makes the exact float. Rows with any other code (zero, subnormal, negative, NaN) take
+ * the same loop with the vector read from the 256-entry tables, so every code stays exact.
+ * Blocks after the last whole 128 (K3_FP4_NIB16): the block's 8 bytes broadcast to every
+ * qword, vpsrlvd, vpermps; one block per vector, its scale an embedded broadcast.
+ * At T = 1 (fp4_rows) several rows share each activation vector, one accumulator per row,
+ * and each row stream is prefetched once per 64-byte line, a whole call ahead (next). */
 #include "moe/cpu_kern.h"
 
 #if defined(__x86_64__)
@@ -26,19 +31,88 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define INLINE static inline __attribute__((always_inline))
 
+/* ---- K3_FP4_NIB16: one block per vector (the tail after the last whole 128) --------- */
+
 T512 INLINE __m512i nib_shifts(void) {
     return _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
 }
 
 /* The 16 weights of the 8 bytes at q, in K3_FP4_NIB16 lane order, unscaled. */
-T512 INLINE __m512 dec16(const uint8_t *q, __m512i sh, __m512 tbl) {
+T512 INLINE __m512 dec16(const uint8_t *q, __m512 tbl) {
     int64_t v;
     memcpy(&v, q, 8);
-    return _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi64(v), sh), tbl);
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi64(v), nib_shifts()), tbl);
 }
 
 T512 INLINE __m512 bscale(const float *stab, const uint8_t *sc, int64_t b) {
     return _mm512_set1_ps(stab[sc[b]]);
+}
+
+/* ---- K3_FP4_T128: 128 elements per step ---------------------------------------------- */
+
+/* w[k] lane j = element 8j + k of the 128 at q, unscaled. */
+T512 INLINE void dec128(const uint8_t *q, __m512 tbl, __m512 *w) {
+    __m512i v = _mm512_loadu_si512((const void *)q);
+    w[0] = _mm512_permutexvar_ps(v, tbl);
+#pragma GCC unroll 8
+    for (int k = 1; k < 8; k++) w[k] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * k), tbl);
+}
+
+/* sum_k w[k] * x[k]: the unscaled partial sums of the lanes. */
+T512 INLINE __m512 dot128(const __m512 *w, const __m512 *x) {
+    __m512 t = _mm512_mul_ps(w[0], x[0]);
+#pragma GCC unroll 8
+    for (int k = 1; k < 8; k++) t = _mm512_fmadd_ps(w[k], x[k], t);
+    return t;
+}
+
+/* Whether every scale of a row is a positive normal (see the file comment). */
+T512 static int scales_plain(const uint8_t *sc, int64_t n, int nvfp4) {
+    const __m512i lo = _mm512_set1_epi8(nvfp4 ? 0x08 : 0x01);
+    const __m512i hi = _mm512_set1_epi8(nvfp4 ? 0x7E : (char)0xFE);
+    __mmask64 bad = 0;
+    for (int64_t i = 0; i < n; i += 64) {
+        __mmask64 m = n - i >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (n - i)) - 1);
+        __m512i v = _mm512_maskz_loadu_epi8(m, sc + i);
+        bad |= m & (_mm512_cmplt_epu8_mask(v, lo) | _mm512_cmpgt_epu8_mask(v, hi));
+    }
+    return bad == 0;
+}
+
+/* The lanes' block scales for the 128 elements starting at block index b0 (lane j is in
+ * block b0 + j/2 for NVFP4, b0 + j/4 for MXFP4). */
+T512 INLINE __m512 scale128(const uint8_t *sc, int64_t b0, const int nvfp4, const int plain) {
+    if (plain) {
+        __m512i v;
+        if (nvfp4) {
+            int64_t b8;
+            memcpy(&b8, sc + b0, 8);
+            /* dword p of 128-bit lane L takes byte 2L + p/2 (the 8 bytes sit in every lane) */
+            const __m512i ctl = _mm512_set_epi32(
+                (int)0x80808007, (int)0x80808007, (int)0x80808006, (int)0x80808006,
+                (int)0x80808005, (int)0x80808005, (int)0x80808004, (int)0x80808004,
+                (int)0x80808003, (int)0x80808003, (int)0x80808002, (int)0x80808002,
+                (int)0x80808001, (int)0x80808001, (int)0x80808000, (int)0x80808000);
+            v = _mm512_shuffle_epi8(_mm512_set1_epi64(b8), ctl);
+            /* E4M3 0eeeemmm, e >= 1: the float with exponent e + 120, mantissa mmm */
+            v = _mm512_add_epi32(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(120 << 23));
+        } else {
+            int32_t b4;
+            memcpy(&b4, sc + b0, 4);
+            const __m512i ctl = _mm512_set_epi32(
+                (int)0x80808003, (int)0x80808003, (int)0x80808003, (int)0x80808003,
+                (int)0x80808002, (int)0x80808002, (int)0x80808002, (int)0x80808002,
+                (int)0x80808001, (int)0x80808001, (int)0x80808001, (int)0x80808001,
+                (int)0x80808000, (int)0x80808000, (int)0x80808000, (int)0x80808000);
+            v = _mm512_shuffle_epi8(_mm512_set1_epi32(b4), ctl);
+            v = _mm512_slli_epi32(v, 23); /* E8M0 e in 1..254: the float 2^(e-127) */
+        }
+        return _mm512_castsi512_ps(v);
+    }
+    float f[16];
+    for (int j = 0; j < 16; j++)
+        f[j] = nvfp4 ? k3_cpu_e4m3[sc[b0 + j / 2]] : k3_cpu_e8m0[sc[b0 + j / 4]];
+    return _mm512_loadu_ps(f);
 }
 
 /* Up to K3_CPU_NT tokens against one row; nvfp4 is a compile-time constant in each
@@ -46,16 +120,31 @@ T512 INLINE __m512 bscale(const float *stab, const uint8_t *sc, int64_t b) {
 T512 INLINE void fp4_dot_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
                               const float *const *xs, int nt, float *out) {
     const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
-    const __m512i sh = nib_shifts();
     const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
     const int blk = nvfp4 ? 16 : 32;
+    const int plain = scales_plain(sc, K / blk, nvfp4);
+    const int64_t K128 = K & ~(int64_t)127;
     __m512 acc[K3_CPU_NT];
     for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t c = 0; c + blk <= K; c += blk) {
+    int64_t c = 0;
+    for (; c < K128; c += 128) {
         _mm_prefetch((const char *)(q + c / 2 + PF_BYTES), _MM_HINT_T0);
+        __m512 w[8];
+        dec128(q + c / 2, tbl, w);
+        __m512 s = plain ? scale128(sc, c / blk, nvfp4, 1) : scale128(sc, c / blk, nvfp4, 0);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++) {
+            if (j >= nt) break;
+            __m512 x[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) x[k] = _mm512_loadu_ps(xs[j] + c + 16 * k);
+            acc[j] = _mm512_fmadd_ps(dot128(w, x), s, acc[j]);
+        }
+    }
+    for (; c + blk <= K; c += blk) {
         __m512 s = bscale(stab, sc, c / blk);
-        __m512 w0 = dec16(q + c / 2, sh, tbl);
-        __m512 w1 = nvfp4 ? w0 : dec16(q + c / 2 + 8, sh, tbl);
+        __m512 w0 = dec16(q + c / 2, tbl);
+        __m512 w1 = nvfp4 ? w0 : dec16(q + c / 2 + 8, tbl);
 #pragma GCC unroll 4
         for (int j = 0; j < K3_CPU_NT; j++) {
             if (j >= nt) break;
@@ -79,27 +168,38 @@ T512 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
 
 /* The same with float64 across blocks (W4A4/W4A8): each lane's product of an E2M1 weight
  * and a quantized activation is exact in float, so only the double sums round. */
+T512 INLINE void acc64(__m512 p, __m512d slo, __m512d shi, __m512d *lo, __m512d *hi) {
+    __m256 plo = _mm512_castps512_ps256(p);
+    __m256 phi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
+    *lo = _mm512_fmadd_pd(_mm512_cvtps_pd(plo), slo, *lo);
+    *hi = _mm512_fmadd_pd(_mm512_cvtps_pd(phi), shi, *hi);
+}
+
 T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
                                 const float *const *xs, int nt, double *out) {
     const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
-    const __m512i sh = nib_shifts();
     const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
     const int blk = nvfp4 ? 16 : 32;
+    const int64_t K128 = K & ~(int64_t)127;
     __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
     for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm512_setzero_pd();
-    for (int64_t c = 0; c + blk <= K; c += blk) {
+    int64_t c = 0;
+    for (; c < K128; c += 128) {
+        __m512 w[8];
+        dec128(q + c / 2, tbl, w);
+        __m512 s = scale128(sc, c / blk, nvfp4, 0);
+        __m512d slo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+        __m512d shi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+        for (int j = 0; j < nt; j++)
+            for (int k = 0; k < 8; k++)
+                acc64(_mm512_mul_ps(w[k], _mm512_loadu_ps(xs[j] + c + 16 * k)), slo, shi, &lo[j], &hi[j]);
+    }
+    for (; c + blk <= K; c += blk) {
         __m512d s = _mm512_set1_pd(stab[sc[c / blk]]);
         for (int h = 0; h < blk; h += 16) {
-            __m512 w = dec16(q + (c + h) / 2, sh, tbl);
-#pragma GCC unroll 4
-            for (int j = 0; j < K3_CPU_NT; j++) {
-                if (j >= nt) break;
-                __m512 p = _mm512_mul_ps(w, _mm512_loadu_ps(xs[j] + c + h));
-                __m256 plo = _mm512_castps512_ps256(p);
-                __m256 phi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
-                lo[j] = _mm512_fmadd_pd(_mm512_cvtps_pd(plo), s, lo[j]);
-                hi[j] = _mm512_fmadd_pd(_mm512_cvtps_pd(phi), s, hi[j]);
-            }
+            __m512 w = dec16(q + (c + h) / 2, tbl);
+            for (int j = 0; j < nt; j++)
+                acc64(_mm512_mul_ps(w, _mm512_loadu_ps(xs[j] + c + h)), s, s, &lo[j], &hi[j]);
         }
     }
     for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
@@ -115,17 +215,17 @@ T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot64_impl(q, sc, 0, K, xs, nt, out);
 }
 
-/* T = 1 over nr rows (a compile-time constant in each instance): 128 elements per step,
- * the 8 activation vectors loaded once for all rows, one 64-byte line per row, two
- * accumulators per row (even and odd blocks) so no row waits on its own FMA latency. */
+/* T = 1 over nr rows (nr, nvfp4 and plain are compile-time constants in each instance):
+ * the 8 activation vectors of a step loaded once for all rows, one 64-byte line per row,
+ * one accumulator per row (a row's 8 FMAs per step chain, the rows interleave). */
 T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
-                               const int nvfp4, int64_t K, const float *x, float *out,
-                               const uint8_t *const *nq, const uint8_t *const *ns) {
+                               const int nvfp4, const int plain, int64_t K, const float *x,
+                               float *out, const uint8_t *const *nq, const uint8_t *const *ns) {
     const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
-    const __m512i sh = nib_shifts();
     const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const int blk = nvfp4 ? 16 : 32;
     const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
-    __m512 acc[K3_CPU_NR][2];
+    __m512 acc[K3_CPU_NR];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
         q[r] = qs[r];
@@ -133,57 +233,53 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
         /* without a next call: a fixed distance ahead in the current row's matrix */
         pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
         ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        acc[r] = _mm512_setzero_ps();
     }
+    const int64_t K128 = K & ~(int64_t)127;
     int64_t c = 0;
-    for (; c + 128 <= K; c += 128) {
+    for (; c < K128; c += 128) {
         __m512 xv[8];
 #pragma GCC unroll 8
-        for (int b = 0; b < 8; b++) xv[b] = _mm512_loadu_ps(x + c + 16 * b);
+        for (int k = 0; k < 8; k++) xv[k] = _mm512_loadu_ps(x + c + 16 * k);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
-            const uint8_t *qr = q[r] + c / 2;
             _mm_prefetch((const char *)(pq[r] + c / 2), _MM_HINT_T0);
-            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + c / (nvfp4 ? 16 : 32)), _MM_HINT_T0);
-            if (nvfp4) {
-#pragma GCC unroll 8
-                for (int b = 0; b < 8; b++)
-                    acc[r][b & 1] = _mm512_fmadd_ps(_mm512_mul_ps(dec16(qr + 8 * b, sh, tbl), xv[b]),
-                                                    bscale(stab, s[r], c / 16 + b), acc[r][b & 1]);
-            } else {
-#pragma GCC unroll 4
-                for (int b = 0; b < 8; b += 2) {
-                    __m512 p = _mm512_mul_ps(dec16(qr + 8 * b, sh, tbl), xv[b]);
-                    p = _mm512_fmadd_ps(dec16(qr + 8 * b + 8, sh, tbl), xv[b + 1], p);
-                    acc[r][(b >> 1) & 1] = _mm512_fmadd_ps(p, bscale(stab, s[r], c / 32 + b / 2),
-                                                           acc[r][(b >> 1) & 1]);
-                }
-            }
+            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + c / blk), _MM_HINT_T0);
+            __m512 w[8];
+            dec128(q[r] + c / 2, tbl, w);
+            acc[r] = _mm512_fmadd_ps(dot128(w, xv), scale128(s[r], c / blk, nvfp4, plain), acc[r]);
         }
     }
-    const int blk = nvfp4 ? 16 : 32;
     for (; c + blk <= K; c += blk) {
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
-            __m512 p = _mm512_mul_ps(dec16(q[r] + c / 2, sh, tbl), _mm512_loadu_ps(x + c));
-            if (!nvfp4)
-                p = _mm512_fmadd_ps(dec16(q[r] + c / 2 + 8, sh, tbl), _mm512_loadu_ps(x + c + 16), p);
-            acc[r][0] = _mm512_fmadd_ps(p, bscale(stab, s[r], c / blk), acc[r][0]);
+            __m512 p = _mm512_mul_ps(dec16(q[r] + c / 2, tbl), _mm512_loadu_ps(x + c));
+            if (!nvfp4) p = _mm512_fmadd_ps(dec16(q[r] + c / 2 + 8, tbl), _mm512_loadu_ps(x + c + 16), p);
+            acc[r] = _mm512_fmadd_ps(p, bscale(stab, s[r], c / blk), acc[r]);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
+
+#define ROWS_CASES(nv, pl)                                                                   \
+    switch (nr) {                                                                            \
+    case 4: fp4_rows_impl(qs, scs, 4, nv, pl, K, x, out, nq, ns); break;                     \
+    case 3: fp4_rows_impl(qs, scs, 3, nv, pl, K, x, out, nq, ns); break;                     \
+    case 2: fp4_rows_impl(qs, scs, 2, nv, pl, K, x, out, nq, ns); break;                     \
+    default: fp4_rows_impl(qs, scs, 1, nv, pl, K, x, out, nq, ns); break;                    \
+    }
 
 #define ROWS_FN(name, nv)                                                                    \
     T512 static void name(const uint8_t *const *qs, const uint8_t *const *scs, int nr,       \
                           int64_t K, const float *x, float *out, const uint8_t *const *nq,   \
                           const uint8_t *const *ns) {                                        \
-        switch (nr) {                                                                        \
-        case 4: fp4_rows_impl(qs, scs, 4, nv, K, x, out, nq, ns); break;                     \
-        case 3: fp4_rows_impl(qs, scs, 3, nv, K, x, out, nq, ns); break;                     \
-        case 2: fp4_rows_impl(qs, scs, 2, nv, K, x, out, nq, ns); break;                     \
-        default: fp4_rows_impl(qs, scs, 1, nv, K, x, out, nq, ns); break;                    \
+        int plain = 1;                                                                       \
+        for (int r = 0; r < nr; r++) plain &= scales_plain(scs[r], K / (nv ? 16 : 32), nv);  \
+        if (plain) {                                                                         \
+            ROWS_CASES(nv, 1)                                                                \
+        } else {                                                                             \
+            ROWS_CASES(nv, 0)                                                                \
         }                                                                                    \
     }
 ROWS_FN(nvfp4_rows, 1)
@@ -238,7 +334,7 @@ T512 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 }
 
 const k3_cpu_kern k3_cpu_kern_avx512 = {
-    .name = "avx512", .fp4_layout = K3_FP4_NIB16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
+    .name = "avx512", .fp4_layout = K3_FP4_T128, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
     .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows,
 };
