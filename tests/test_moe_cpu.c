@@ -24,6 +24,7 @@
 #include "formats/block.h"
 #include "formats/fp.h"
 #include "moe/activation.h"
+#include "moe/cpu_kern.h"
 #include "moe/moe_cpu.h"
 
 #define H 256
@@ -285,6 +286,47 @@ static void test_special_scales(void **s) {
     special_scales(K3_WFMT_MXFP4);
 }
 
+/* The AVX-512 vector SiTU (cpu_kern.h) against float64 on a sweep of g, u over +-200 with
+ * many small values, at K3's betas (4, 25) and asymmetric ones: relative error <= 2e-6 of
+ * max(|ref|, 1e-30) (a few float ulps; float64 of the same formula is the reference);
+ * NaN in either input gives NaN. */
+static void test_situ_vector(void **s) {
+    (void)s;
+    if (!k3_cpu_isa_available(K3_ISA_AVX512) || !k3_cpu_kern_avx512.situ) skip();
+    static const float betas[][2] = {{4.0f, 25.0f}, {2.5f, 7.0f}};
+    double worst = 0;
+    for (int bi = 0; bi < 2; bi++) {
+        float bg = betas[bi][0], bl = betas[bi][1];
+        for (int it = 0; it < 4000; it++) {
+            float g[16], u[16], out[16];
+            for (int j = 0; j < 16; j++) {
+                double mag = pow(10.0, -6.0 + 8.3 * urand()); /* 1e-6 .. 2e2 */
+                g[j] = (float)(urand() < 0.5 ? -mag : mag);
+                mag = pow(10.0, -6.0 + 8.3 * urand());
+                u[j] = (float)(urand() < 0.5 ? -mag : mag);
+            }
+            int n = 1 + it % 16;
+            for (int j = 0; j < 16; j++) out[j] = NAN;
+            k3_cpu_kern_avx512.situ(g, u, n, bg, bl, out);
+            for (int j = 0; j < n; j++) {
+                double gd = g[j], ud = u[j];
+                double ref = bg * tanh(gd / bg) / (1.0 + exp(-gd)) * (bl * tanh(ud / bl));
+                double err = fabs((double)out[j] - ref) / fmax(fabs(ref), 1e-30);
+                if (!(err <= 2e-6))
+                    fail_msg("situ g=%g u=%g betas %g/%g: %.9g vs %.9g (rel %.3g)", gd, ud, bg, bl,
+                             (double)out[j], ref, err);
+                if (err > worst) worst = err;
+            }
+        }
+    }
+    float g[3] = {NAN, 1.0f, 3.0f}, u[3] = {1.0f, NAN, -INFINITY}, out[3];
+    k3_cpu_kern_avx512.situ(g, u, 3, 4.0f, 25.0f, out);
+    assert_true(isnan(out[0]) && isnan(out[1]));
+    double ref = 4.0 * tanh(3.0 / 4.0) / (1.0 + exp(-3.0)) * -25.0;
+    assert_true(fabs(out[2] - ref) <= 2e-6 * fabs(ref));
+    fprintf(stderr, "moe_cpu: vector SiTU worst relative error %.3g (bound 2e-6)\n", worst);
+}
+
 /* Expert-parallel ranks, uneven splits: the sum over ranks equals the single-rank result
  * within fp32 rounding (relative L2 <= 1e-6), and each rank matches its own reference. */
 static void test_ep_ranks_sum(void **s) {
@@ -434,7 +476,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4_w4a8),   cmocka_unit_test(test_skewed_routing),
         cmocka_unit_test(test_ep_ranks_sum), cmocka_unit_test(test_threads_identical),
         cmocka_unit_test(test_mutations_fail), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_special_scales),
+        cmocka_unit_test(test_special_scales), cmocka_unit_test(test_situ_vector),
     };
     return cmocka_run_group_tests_name("moe_cpu", tests, setup, teardown);
 }

@@ -61,6 +61,7 @@ typedef struct plan {
     k3_dot_fn dot;
     k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
     k3_rows_fn rows;   /* experts with one token: several rows per pass, or NULL */
+    k3_situ_fn situ;   /* vector SiTU for the one-token path, or NULL */
     int layout; /* k3_fp4_layout of the kernel's inputs for this format */
     bool gated;
     int64_t H, I;
@@ -281,11 +282,29 @@ static int fc1_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const 
     return m;
 }
 
+/* The hidden values of a run of consecutive outputs of one expert, activated together
+ * (the vector SiTU wants 16 at a time; the rows kernel yields 2 or 4 per pass). */
+typedef struct act_run {
+    float g[16], u[16];
+    int n, le;
+    float *dst; /* h of the run's first output */
+} act_run;
+
+static void act_flush(const plan *p, act_run *b) {
+    const k3_act_params *ap = &p->ex->act;
+    if (b->n && p->situ && ap->act == K3_ACT_SITU)
+        p->situ(b->g, b->u, b->n, ap->alpha[b->le], ap->beta[b->le], b->dst);
+    else
+        for (int j = 0; j < b->n; j++) b->dst[j] = k3_act_f32(ap, b->le, b->g[j], b->u[j]);
+    b->n = 0;
+}
+
 static void phase_fc1_one(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
     const plan *p = ctx;
     const k3_experts *ex = p->ex;
     int64_t n_pass = p->fc1_passes;
+    act_run run = {.n = 0};
     for (int64_t pass = b; pass < e; pass++) {
         const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
         int a, an;
@@ -298,11 +317,18 @@ static void phase_fc1_one(void *ctx, int64_t b, int64_t e, int thread) {
         int64_t r0 = p->off[a];
         p->rows(qs, ss, p->gated ? 2 * m : m, p->H, p->xin + (int64_t)p->row_tok[r0] * p->H, v,
                 pass + 1 < n_pass ? nq : NULL, pass + 1 < n_pass ? ns : NULL);
-        for (int j = 0; j < m; j++) {
-            float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
-            p->h[r0 * p->I + i + j] = k3_act_f32(&ex->act, le, g, u);
+        float *dst = p->h + r0 * p->I + i;
+        if (run.n && (run.le != le || run.dst + run.n != dst || run.n + m > 16)) act_flush(p, &run);
+        if (!run.n) {
+            run.le = le;
+            run.dst = dst;
+        }
+        for (int j = 0; j < m; j++, run.n++) {
+            run.g[run.n] = v[p->gated ? 2 * j : j] * s1;
+            run.u[run.n] = p->gated ? v[2 * j + 1] * s3 : 0;
         }
     }
+    act_flush(p, &run);
 }
 
 /* FC2 pass: K3_CPU_NR consecutive output rows of one expert. */
@@ -463,6 +489,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
           : fmt == K3_WFMT_BF16 ? kern->bf16 : kern->f32;
     p.layout = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_layout : K3_FP4_NATURAL;
     p.rows = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_rows : fmt == K3_WFMT_MXFP4 ? kern->mxfp4_rows : NULL;
+    p.situ = kern->situ;
     p.gated = k3_act_is_gated(ex->act.act);
     if (mode == K3_MODE_W4A4) {
         float m1, m2;

@@ -43,12 +43,20 @@ typedef void (*k3_rows_fn)(const uint8_t *const *rows, const uint8_t *const *sca
                            int64_t K, const float *x, float *out, const uint8_t *const *next,
                            const uint8_t *const *next_scale);
 
+/* SiTU over n <= 16 outputs of one expert: out = bg*tanh(g/bg)*sigmoid(g) * bl*tanh(u/bl)
+ * (moe.md §1), vectorized: exp by range reduction and a polynomial, tanh(z) =
+ * (1 - e^-2|z|)/(1 + e^-2|z|) or its Taylor series for |z| < 1/8; a few float ulps from
+ * float64 (test_situ_vector), NaN propagated.
+ * Optional: the caller falls back to k3_act_f32. */
+typedef void (*k3_situ_fn)(const float *g, const float *u, int n, float bg, float bl, float *out);
+
 typedef struct k3_cpu_kern {
     const char *name;
     int fp4_layout; /* k3_fp4_layout of inputs to NVFP4/MXFP4 rows */
     k3_dot_fn nvfp4, mxfp4, bf16, f32;
     k3_dot64_fn nvfp4_64, mxfp4_64;
     k3_rows_fn nvfp4_rows, mxfp4_rows; /* NULL: the caller loops over rows */
+    k3_situ_fn situ;                   /* NULL: k3_act_f32 per output */
 } k3_cpu_kern;
 
 extern const k3_cpu_kern k3_cpu_kern_scalar, k3_cpu_kern_avx2, k3_cpu_kern_avx512;

@@ -285,6 +285,56 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
 ROWS_FN(nvfp4_rows, 1)
 ROWS_FN(mxfp4_rows, 0)
 
+/* ---- SiTU (cpu_kern.h, k3_situ_fn) ---------------------------------------------------- */
+
+/* e^x: x = n ln2 + r, |r| <= ln2/2, a degree-7 Taylor polynomial of e^r (truncation
+ * < 1e-8 relative), then vscalefps by 2^n. The clamp keeps n finite; NaN passes through (min/max
+ * return their second operand when it is NaN). */
+T512 INLINE __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), _mm512_min_ps(_mm512_set1_ps(88.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+T512 INLINE __m512 tanh16(__m512 z) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512i zi = _mm512_castps_si512(z);
+    __m512 az = _mm512_castsi512_ps(_mm512_andnot_si512(sign, zi));
+    __m512 t = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), az));
+    __m512 a = _mm512_div_ps(_mm512_sub_ps(one, t), _mm512_add_ps(one, t));
+    /* |z| < 1/8: 1 - t would cancel, so the odd Taylor series to z^7 (next term < 2e-9
+     * relative) */
+    __m512 z2 = _mm512_mul_ps(az, az);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(-17.0f / 315), z2, _mm512_set1_ps(2.0f / 15));
+    p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(-1.0f / 3));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, z2), az, az);
+    a = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(az, _mm512_set1_ps(0.125f), _CMP_LT_OQ), a, p);
+    /* tanh is odd: the sign of z on |tanh| */
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), _mm512_and_si512(sign, zi)));
+}
+
+T512 static void situ16(const float *g, const float *u, int n, float bg, float bl, float *out) {
+    __mmask16 m = (__mmask16)((1u << n) - 1);
+    __m512 gv = _mm512_maskz_loadu_ps(m, g), uv = _mm512_maskz_loadu_ps(m, u);
+    __m512 vbg = _mm512_set1_ps(bg), vbl = _mm512_set1_ps(bl), one = _mm512_set1_ps(1.0f);
+    __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+    __m512 a = _mm512_mul_ps(_mm512_mul_ps(vbg, tanh16(_mm512_div_ps(gv, vbg))), sig);
+    __m512 b = _mm512_mul_ps(vbl, tanh16(_mm512_div_ps(uv, vbl)));
+    _mm512_mask_storeu_ps(out, m, _mm512_mul_ps(a, b));
+}
+
 /* BF16 weights: widen to 32 bits and shift into the float's high half (exact). */
 T512 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
                           const float *const *xs, int nt, float *out) {
@@ -336,7 +386,7 @@ T512 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 const k3_cpu_kern k3_cpu_kern_avx512 = {
     .name = "avx512", .fp4_layout = K3_FP4_T128, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
-    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows,
+    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows, .situ = situ16,
 };
 #else
 const k3_cpu_kern k3_cpu_kern_avx512 = {.name = "avx512"};
