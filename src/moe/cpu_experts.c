@@ -7,6 +7,8 @@
  *     W4A4/W4A8, quantized and dequantized exactly as the emulated hardware would);
  *  2. FC1: items = (active expert, block of FC1 rows); each row of w1 (and w3 when gated)
  *     is decoded once for all of the expert's tokens and the activation is applied at once;
+ *     with one token per active expert, items are passes (expert, 2 gate/up row pairs)
+ *     over all experts in order, each prefetching the next pass's rows;
  *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8);
  *  4. FC2: items = (active expert, block of output rows);
  *  5. finalize: y[t] = sum of w[t, slot] * row(t, slot) over the local slots, in slot order.
