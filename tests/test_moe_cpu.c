@@ -6,7 +6,8 @@
  *  - W4A4 (NVFP4) / W4A8 (MXFP4): relative L2 <= 1e-5 against a float64 emulation of the
  *    same activation quantization (the hidden rounded to float32 before it is quantized).
  * Outputs are poisoned with NaN first; a NaN left behind fails the bound (!(err <= bound)).
- * Also: all tokens to one expert, experts with no tokens, uneven expert-parallel ranks
+ * Also: scale codes off the AVX-512 table-free path (negative, zero, subnormal), all tokens
+ * to one expert, experts with no tokens, uneven expert-parallel ranks
  * summing to the full result, bitwise-identical results for 1, 2 and 3 threads, errors by
  * name, and mutations (w1/w3 swapped, SiTU betas swapped) that must fail the bound.
  * Shapes are small (H = 256, I = 192, E = 20, k = 4) to keep the suite fast. */
@@ -23,6 +24,7 @@
 #include "formats/block.h"
 #include "formats/fp.h"
 #include "moe/activation.h"
+#include "moe/cpu_kern.h"
 #include "moe/moe_cpu.h"
 
 #define H 256
@@ -244,6 +246,87 @@ static void test_skewed_routing(void **s) {
     free_bank(b);
 }
 
+/* Scale codes off the AVX-512 kernel's table-free path (cpu_kern_avx512.c): every 5th
+ * row of every matrix gets its blocks negated (E4M3 sign bit) and, in some blocks, zero
+ * and subnormal E4M3 codes or a zero E8M0 code (2^-127). Those rows must take the exact
+ * table path; a wrong decode of the negated blocks is far outside the bound. */
+static void special_scales(k3_wfmt fmt) {
+    bank *b = make_bank(fmt);
+    int nv = fmt == K3_WFMT_NVFP4, blk = nv ? 16 : 32;
+    for (int e = 0; e < E; e++)
+        for (int which = 0; which < 3; which++) {
+            k3_qmat *m = which == 0 ? &b->ex[e].w1 : which == 1 ? &b->ex[e].w3 : &b->ex[e].w2;
+            uint8_t *sc = (uint8_t *)m->scale;
+            int64_t per_row = m->cols / blk;
+            for (int64_t r = e % 5; r < m->rows; r += 5)
+                for (int64_t c = 0; c < per_row; c++) {
+                    uint8_t *v = &sc[r * per_row + c];
+                    if (nv) *v = c % 7 == 3 ? (uint8_t)(c % 8) : (uint8_t)(*v | 0x80);
+                    else if (c % 7 == 3) *v = 0;
+                }
+        }
+    k3_experts ex = experts_of(b, K3_ACT_SITU, 0, E);
+    static const int Ts[] = {1, 3, 16};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+        random_inputs(Ts[ti]);
+        reference(b, &ex, K3_MODE_W4A16, X, Ts[ti], IDS, W, REF);
+        for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++) {
+            if (!k3_cpu_isa_available(ISAS[k])) continue;
+            double r = run_cpu(&ex, K3_MODE_W4A16, Ts[ti], ISAS[k], Y);
+            if (!(r <= BOUND))
+                fail_msg("%s %s special scales T=%d: rel L2 %.3g > %g", k3_cpu_isa_name(ISAS[k]),
+                         k3_wfmt_name(fmt), Ts[ti], r, BOUND);
+        }
+    }
+    free_bank(b);
+}
+static void test_special_scales(void **s) {
+    (void)s;
+    special_scales(K3_WFMT_NVFP4);
+    special_scales(K3_WFMT_MXFP4);
+}
+
+/* The AVX-512 vector SiTU (cpu_kern.h) against float64 on a sweep of g, u over +-200 with
+ * many small values, at K3's betas (4, 25) and asymmetric ones: relative error <= 2e-6 of
+ * max(|ref|, 1e-30) (a few float ulps; float64 of the same formula is the reference);
+ * NaN in either input gives NaN. */
+static void test_situ_vector(void **s) {
+    (void)s;
+    if (!k3_cpu_isa_available(K3_ISA_AVX512) || !k3_cpu_kern_avx512.situ) skip();
+    static const float betas[][2] = {{4.0f, 25.0f}, {2.5f, 7.0f}};
+    double worst = 0;
+    for (int bi = 0; bi < 2; bi++) {
+        float bg = betas[bi][0], bl = betas[bi][1];
+        for (int it = 0; it < 4000; it++) {
+            float g[16], u[16], out[16];
+            for (int j = 0; j < 16; j++) {
+                double mag = pow(10.0, -6.0 + 8.3 * urand()); /* 1e-6 .. 2e2 */
+                g[j] = (float)(urand() < 0.5 ? -mag : mag);
+                mag = pow(10.0, -6.0 + 8.3 * urand());
+                u[j] = (float)(urand() < 0.5 ? -mag : mag);
+            }
+            int n = 1 + it % 16;
+            for (int j = 0; j < 16; j++) out[j] = NAN;
+            k3_cpu_kern_avx512.situ(g, u, n, bg, bl, out);
+            for (int j = 0; j < n; j++) {
+                double gd = g[j], ud = u[j];
+                double ref = bg * tanh(gd / bg) / (1.0 + exp(-gd)) * (bl * tanh(ud / bl));
+                double err = fabs((double)out[j] - ref) / fmax(fabs(ref), 1e-30);
+                if (!(err <= 2e-6))
+                    fail_msg("situ g=%g u=%g betas %g/%g: %.9g vs %.9g (rel %.3g)", gd, ud, bg, bl,
+                             (double)out[j], ref, err);
+                if (err > worst) worst = err;
+            }
+        }
+    }
+    float g[3] = {NAN, 1.0f, 3.0f}, u[3] = {1.0f, NAN, -INFINITY}, out[3];
+    k3_cpu_kern_avx512.situ(g, u, 3, 4.0f, 25.0f, out);
+    assert_true(isnan(out[0]) && isnan(out[1]));
+    double ref = 4.0 * tanh(3.0 / 4.0) / (1.0 + exp(-3.0)) * -25.0;
+    assert_true(fabs(out[2] - ref) <= 2e-6 * fabs(ref));
+    fprintf(stderr, "moe_cpu: vector SiTU worst relative error %.3g (bound 2e-6)\n", worst);
+}
+
 /* Expert-parallel ranks, uneven splits: the sum over ranks equals the single-rank result
  * within fp32 rounding (relative L2 <= 1e-6), and each rank matches its own reference. */
 static void test_ep_ranks_sum(void **s) {
@@ -393,6 +476,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4_w4a8),   cmocka_unit_test(test_skewed_routing),
         cmocka_unit_test(test_ep_ranks_sum), cmocka_unit_test(test_threads_identical),
         cmocka_unit_test(test_mutations_fail), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_special_scales), cmocka_unit_test(test_situ_vector),
     };
     return cmocka_run_group_tests_name("moe_cpu", tests, setup, teardown);
 }

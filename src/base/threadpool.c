@@ -29,6 +29,8 @@ struct k3_threadpool {
     atomic_int busy;     /* workers that have not finished the current job */
     atomic_bool quit;
     job job;
+    void *ws; /* k3_threadpool_workspace */
+    size_t ws_bytes;
 };
 
 static inline void cpu_relax(void) {
@@ -141,7 +143,20 @@ void k3_threadpool_free(k3_threadpool *p) {
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
     free(p->threads);
+    free(p->ws);
     free(p);
+}
+
+void *k3_threadpool_workspace(k3_threadpool *p, size_t bytes) {
+    if (!p) return NULL;
+    if (bytes <= p->ws_bytes) return p->ws;
+    size_t n = (bytes + 63) / 64 * 64;
+    void *w = aligned_alloc(64, n);
+    if (!w) return NULL;
+    free(p->ws);
+    p->ws = w;
+    p->ws_bytes = n;
+    return w;
 }
 
 int k3_threadpool_size(const k3_threadpool *p) { return p ? p->n_threads : 1; }

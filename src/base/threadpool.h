@@ -16,6 +16,7 @@
 #define K3_THREADPOOL_H
 
 #include "base/base.h"
+#include <stddef.h>
 #include <stdint.h>
 
 #define K3_THREADS_MAX 256
@@ -31,6 +32,12 @@ typedef void (*k3_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 int k3_threadpool_create(int n_threads, k3_threadpool **out, k3_error *err);
 void k3_threadpool_free(k3_threadpool *pool); /* NULL is fine */
 int k3_threadpool_size(const k3_threadpool *pool); /* 1 for NULL */
+
+/* A grow-only scratch buffer owned by the pool (64-byte aligned, contents undefined),
+ * valid until the next call or k3_threadpool_free: callers that run every step (a T = 1
+ * MoE call) reuse the same pages instead of faulting fresh ones in from malloc/mmap each
+ * time. NULL for a NULL pool or when out of memory. Not reentrant, like k3_parallel_for. */
+void *k3_threadpool_workspace(k3_threadpool *pool, size_t bytes);
 
 /* Runs fn over [0, n) cut into chunks of `chunk` items (chunk >= 1; the last may be short).
  * pool == NULL runs everything on the caller. Not reentrant for one pool. */

@@ -7,10 +7,13 @@
  *     W4A4/W4A8, quantized and dequantized exactly as the emulated hardware would);
  *  2. FC1: items = (active expert, block of FC1 rows); each row of w1 (and w3 when gated)
  *     is decoded once for all of the expert's tokens and the activation is applied at once;
+ *     with one token per active expert, items are passes (expert, 2 gate/up row pairs)
+ *     over all experts in order, each prefetching the next pass's rows;
  *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8);
  *  4. FC2: items = (active expert, block of output rows);
  *  5. finalize: y[t] = sum of w[t, slot] * row(t, slot) over the local slots, in slot order.
- * Scratch is allocated per call; at T = 1 it is a few hundred kilobytes. */
+ * Scratch (a few hundred kilobytes at T = 1) comes from the pool's workspace, so repeated
+ * calls do not fault in fresh pages; it is sized for R = T*k rows up front. */
 #include "moe/moe_cpu.h"
 
 #include <math.h>
@@ -60,7 +63,8 @@ typedef struct plan {
     k3_dot_fn dot;
     k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
     k3_rows_fn rows;   /* experts with one token: several rows per pass, or NULL */
-    int chunk; /* input layout of the kernel for this format */
+    k3_situ_fn situ;   /* vector SiTU for the one-token path, or NULL */
+    int layout; /* k3_fp4_layout of the kernel's inputs for this format */
     bool gated;
     int64_t H, I;
     int T, k;
@@ -78,6 +82,7 @@ typedef struct plan {
     float in1, in2;     /* factor restoring the activations' scale: 1/g in W4A4, else 1 */
     double in1d;        /* 1/g1 in float64 (the emulation divides by g1 in float64) */
     int64_t fc1_blocks, fc2_blocks; /* per expert */
+    int64_t fc1_passes, fc2_passes; /* one-token path: passes over all active experts */
     float *scratch;     /* per thread: 2 * max(H, I) floats */
     int64_t scratch_stride;
 } plan;
@@ -105,7 +110,7 @@ static inline const uint8_t *row_scale(const k3_qmat *m, int64_t r) {
 
 static float out_scale(const k3_qmat *m) { return m->fmt == K3_WFMT_NVFP4 ? m->global_scale : 1.0f; }
 
-/* One activation row (natural order, n long) into kernel layout `chunk`, through the
+/* One activation row (natural order, n long) into the kernel layout, through the
  * mode's quantizer: W4A4 keeps code * block scale (exact; 1/g is applied after the dot),
  * W4A8 keeps the exact MXFP8 value. tmp holds 2n floats. */
 static void convert_row(const plan *p, const float *in, int64_t n, float g, float *out,
@@ -125,12 +130,12 @@ static void convert_row(const plan *p, const float *in, int64_t n, float g, floa
         k3_mxfp8_dequantize_row(q, s, n, d);
         src = d;
     }
-    if (src == out && p->chunk <= 1) return;
+    if (src == out && p->layout == K3_FP4_NATURAL) return;
     if (src == out) { /* permute in place through tmp */
         memcpy(tmp, src, (size_t)n * sizeof *tmp);
         src = tmp;
     }
-    for (int64_t i = 0; i < n; i++) out[k3_cpu_pos(i, n, p->chunk)] = src[i];
+    for (int64_t i = 0; i < n; i++) out[k3_cpu_pos(i, n, p->layout)] = src[i];
 }
 
 static float *thread_tmp(const plan *p, int thread) {
@@ -179,7 +184,7 @@ static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
                         ss[n++] = row_scale(&E->w3, i + j);
                     }
                 }
-                p->rows(qs, ss, n, p->H, xr, v);
+                p->rows(qs, ss, n, p->H, xr, v, NULL, NULL);
                 for (int j = 0; j < m; j++) {
                     float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
                     p->h[r0 * p->I + i + j] = k3_act_f32(&ex->act, le, g, u);
@@ -233,7 +238,7 @@ static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
                     qs[j] = row_data(w2, n + j);
                     ss[j] = row_scale(w2, n + j);
                 }
-                p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v);
+                p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v, NULL, NULL);
                 for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
             }
             continue;
@@ -248,6 +253,118 @@ static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
                 for (int j = 0; j < nt; j++) p->y2[(r0 + j) * p->H + n] = v[j] * s2;
             }
         }
+    }
+}
+
+/* One token per active expert (T = 1, or T small with distinct experts): the work is a
+ * flat sequence of passes, pass = (active expert, group of rows), walked in order so each
+ * call can prefetch the rows of the pass after it, across expert boundaries too. */
+#define PASS_CHUNK 256 /* passes per dynamic grab: a thread's stream jumps (and its next-pass
+                        * prefetch misses) once per grab; 16 cost ~25% at T = 1 on 2 threads */
+
+/* FC1 pass: gate and up rows of 2 outputs (gated) or 4 outputs. */
+static int fc1_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const uint8_t **ss,
+                         int *a_out, int64_t *i_out) {
+    int per = p->gated ? 2 : 4;
+    int64_t ppe = (p->I + per - 1) / per;
+    int a = (int)(pass / ppe);
+    int64_t i = (pass % ppe) * per;
+    const k3_expert *E = &p->ex->e[p->act_e[a]];
+    int m = (int)(p->I - i < per ? p->I - i : per), n = 0;
+    for (int j = 0; j < m; j++) {
+        qs[n] = row_data(&E->w1, i + j);
+        ss[n++] = row_scale(&E->w1, i + j);
+        if (p->gated) {
+            qs[n] = row_data(&E->w3, i + j);
+            ss[n++] = row_scale(&E->w3, i + j);
+        }
+    }
+    *a_out = a;
+    *i_out = i;
+    return m;
+}
+
+/* The hidden values of a run of consecutive outputs of one expert, activated together
+ * (the vector SiTU wants 16 at a time; the rows kernel yields 2 or 4 per pass). */
+typedef struct act_run {
+    float g[16], u[16];
+    int n, le;
+    float *dst; /* h of the run's first output */
+} act_run;
+
+static void act_flush(const plan *p, act_run *b) {
+    const k3_act_params *ap = &p->ex->act;
+    if (b->n && p->situ && ap->act == K3_ACT_SITU)
+        p->situ(b->g, b->u, b->n, ap->alpha[b->le], ap->beta[b->le], b->dst);
+    else
+        for (int j = 0; j < b->n; j++) b->dst[j] = k3_act_f32(ap, b->le, b->g[j], b->u[j]);
+    b->n = 0;
+}
+
+static void phase_fc1_one(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    const k3_experts *ex = p->ex;
+    int64_t n_pass = p->fc1_passes;
+    act_run run = {.n = 0};
+    for (int64_t pass = b; pass < e; pass++) {
+        const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
+        int a, an;
+        int64_t i, in;
+        int m = fc1_pass_rows(p, pass, qs, ss, &a, &i);
+        if (pass + 1 < n_pass) fc1_pass_rows(p, pass + 1, nq, ns, &an, &in);
+        int le = p->act_e[a];
+        const k3_expert *E = &ex->e[le];
+        float s1 = out_scale(&E->w1), s3 = p->gated ? out_scale(&E->w3) : 0, v[K3_CPU_NR];
+        int64_t r0 = p->off[a];
+        p->rows(qs, ss, p->gated ? 2 * m : m, p->H, p->xin + (int64_t)p->row_tok[r0] * p->H, v,
+                pass + 1 < n_pass ? nq : NULL, pass + 1 < n_pass ? ns : NULL);
+        float *dst = p->h + r0 * p->I + i;
+        if (run.n && (run.le != le || run.dst + run.n != dst || run.n + m > 16)) act_flush(p, &run);
+        if (!run.n) {
+            run.le = le;
+            run.dst = dst;
+        }
+        for (int j = 0; j < m; j++, run.n++) {
+            run.g[run.n] = v[p->gated ? 2 * j : j] * s1;
+            run.u[run.n] = p->gated ? v[2 * j + 1] * s3 : 0;
+        }
+    }
+    act_flush(p, &run);
+}
+
+/* FC2 pass: K3_CPU_NR consecutive output rows of one expert. */
+static int fc2_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const uint8_t **ss,
+                         int *a_out, int64_t *n_out) {
+    int64_t ppe = (p->H + K3_CPU_NR - 1) / K3_CPU_NR;
+    int a = (int)(pass / ppe);
+    int64_t n = (pass % ppe) * K3_CPU_NR;
+    const k3_qmat *w2 = &p->ex->e[p->act_e[a]].w2;
+    int m = (int)(p->H - n < K3_CPU_NR ? p->H - n : K3_CPU_NR);
+    for (int j = 0; j < m; j++) {
+        qs[j] = row_data(w2, n + j);
+        ss[j] = row_scale(w2, n + j);
+    }
+    *a_out = a;
+    *n_out = n;
+    return m;
+}
+
+static void phase_fc2_one(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const plan *p = ctx;
+    int64_t n_pass = p->fc2_passes;
+    for (int64_t pass = b; pass < e; pass++) {
+        const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
+        int a, an;
+        int64_t n, nn;
+        int m = fc2_pass_rows(p, pass, qs, ss, &a, &n);
+        if (pass + 1 < n_pass) fc2_pass_rows(p, pass + 1, nq, ns, &an, &nn);
+        float s2 = out_scale(&p->ex->e[p->act_e[a]].w2), v[K3_CPU_NR];
+        int64_t r0 = p->off[a];
+        p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v, pass + 1 < n_pass ? nq : NULL,
+                pass + 1 < n_pass ? ns : NULL);
+        for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
     }
 }
 
@@ -372,8 +489,9 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     k3_wfmt fmt = ex->n_local ? ex->e[0].w1.fmt : K3_WFMT_F32;
     p.dot = fmt == K3_WFMT_NVFP4 ? kern->nvfp4 : fmt == K3_WFMT_MXFP4 ? kern->mxfp4
           : fmt == K3_WFMT_BF16 ? kern->bf16 : kern->f32;
-    p.chunk = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_chunk : 1;
+    p.layout = (fmt == K3_WFMT_NVFP4 || fmt == K3_WFMT_MXFP4) ? kern->fp4_layout : K3_FP4_NATURAL;
     p.rows = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_rows : fmt == K3_WFMT_MXFP4 ? kern->mxfp4_rows : NULL;
+    p.situ = kern->situ;
     p.gated = k3_act_is_gated(ex->act.act);
     if (mode == K3_MODE_W4A4) {
         float m1, m2;
@@ -390,19 +508,41 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     /* Counting sort of the (token, slot) pairs by local expert. */
     int64_t TK = (int64_t)T * k;
     int nl = ex->n_local, nth = k3_threadpool_size(pool);
-    int64_t *count = calloc((size_t)nl + 1, sizeof *count);
-    p.slot_row = malloc((size_t)TK * sizeof *p.slot_row);
-    p.row_tok = malloc((size_t)(TK ? TK : 1) * sizeof *p.row_tok);
-    p.act_e = malloc(((size_t)nl + 1) * sizeof *p.act_e);
-    p.off = malloc(((size_t)nl + 2) * sizeof *p.off);
     int64_t mx = p.H > p.I ? p.H : p.I;
     p.scratch_stride = 2 * mx + 16;
-    p.scratch = malloc((size_t)(nth * p.scratch_stride) * sizeof *p.scratch);
-    p.xin = malloc((size_t)(T * p.H) * sizeof *p.xin);
-    if (!count || !p.slot_row || !p.row_tok || !p.act_e || !p.off || !p.scratch || !p.xin) {
-        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %d tokens", T);
+    /* One block for everything (R <= T*k rows): from the pool's workspace, so a steady
+     * stream of calls touches the same pages; malloc only without a pool. */
+    size_t sz[9] = {((size_t)nl + 1) * sizeof(int64_t), (size_t)TK * sizeof(int64_t),
+                    (size_t)(TK ? TK : 1) * sizeof(int32_t), ((size_t)nl + 1) * sizeof(int),
+                    ((size_t)nl + 2) * sizeof(int64_t),
+                    (size_t)(nth * p.scratch_stride) * sizeof(float),
+                    (size_t)(T * p.H) * sizeof(float), (size_t)(TK * p.I) * sizeof(float),
+                    (size_t)(TK * p.H) * sizeof(float)};
+    size_t total = 0;
+    for (int j = 0; j < 9; j++) total += (sz[j] + 63) / 64 * 64;
+    void *owned = NULL;
+    uint8_t *ws = k3_threadpool_workspace(pool, total);
+    if (!ws) ws = owned = aligned_alloc(64, total);
+    if (!ws) {
+        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %d tokens (%zu bytes)", T, total);
         goto done;
     }
+    void *part[9];
+    size_t o = 0;
+    for (int j = 0; j < 9; j++) {
+        part[j] = ws + o;
+        o += (sz[j] + 63) / 64 * 64;
+    }
+    int64_t *count = part[0];
+    memset(count, 0, sz[0]);
+    p.slot_row = part[1];
+    p.row_tok = part[2];
+    p.act_e = part[3];
+    p.off = part[4];
+    p.scratch = part[5];
+    p.xin = part[6];
+    p.h = part[7];
+    p.y2 = part[8];
     for (int64_t i = 0; i < TK; i++) {
         int le = ids[i] - ex->first_local;
         if (le >= 0 && le < nl) count[le]++;
@@ -428,33 +568,29 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
             p.slot_row[i] = -1;
         }
     }
-    p.h = malloc((size_t)(R ? R * p.I : 1) * sizeof *p.h);
-    p.y2 = malloc((size_t)(R ? R * p.H : 1) * sizeof *p.y2);
-    if (!p.h || !p.y2) {
-        rc = k3_fail(err, K3_ERR_NOMEM, "moe cpu: out of memory for %lld expert rows", (long long)R);
-        goto done;
-    }
     p.fc1_blocks = (p.I + FC1_ROWS - 1) / FC1_ROWS;
     p.fc2_blocks = (p.H + FC2_ROWS - 1) / FC2_ROWS;
     if (R > 0) {
         k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_inputs, &p);
-        k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
-        if (p.chunk > 1 || mode != K3_MODE_W4A16)
+        bool one = p.rows && !p.dot64 && R == p.n_act; /* every active expert has one row */
+        int per = p.gated ? 2 : 4;
+        p.fc1_passes = p.n_act * ((p.I + per - 1) / per);
+        p.fc2_passes = p.n_act * ((p.H + K3_CPU_NR - 1) / K3_CPU_NR);
+        if (one)
+            k3_parallel_for(pool, p.fc1_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc1_one, &p);
+        else
+            k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
+        if (p.layout != K3_FP4_NATURAL || mode != K3_MODE_W4A16)
             k3_parallel_for(pool, R, 1, K3_SCHED_DYNAMIC, phase_hidden, &p);
-        k3_parallel_for(pool, p.n_act * p.fc2_blocks, 1, K3_SCHED_DYNAMIC, phase_fc2, &p);
+        if (one)
+            k3_parallel_for(pool, p.fc2_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc2_one, &p);
+        else
+            k3_parallel_for(pool, p.n_act * p.fc2_blocks, 1, K3_SCHED_DYNAMIC, phase_fc2, &p);
     }
     k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_finalize, &p);
     rc = K3_OK;
 done:
-    free(count);
-    free(p.slot_row);
-    free(p.row_tok);
-    free(p.act_e);
-    free(p.off);
-    free(p.scratch);
-    free(p.xin);
-    free(p.h);
-    free(p.y2);
+    free(owned);
     return rc;
 }
 

@@ -3,11 +3,18 @@
  * A kernel computes out[j] = sum_c W[row, c] * xs[j][c] for up to K3_CPU_NT token rows at
  * once, decoding the packed weight row once and reusing it for every token. It applies the
  * block scales but not the matrix's global scale (the caller folds that in). The 4-bit
- * kernels want their inputs de-interleaved per chunk of `chunk` floats (k3_cpu_pos): after
- * widening a chunk's bytes to 32-bit lanes, lane j holds elements 2j (low nibble) and 2j+1
- * (high nibble), so the even elements come from one table permute and the odd ones from a
- * shift and a second permute, and matching activations sit in two plain vector loads.
- * Elements past the last whole chunk keep their natural order. */
+ * kernels want their inputs permuted within each 16-element block (k3_cpu_pos) so that
+ * the activation matching each decoded weight lane sits in a plain vector load:
+ *  - K3_FP4_PAIRS16 (AVX2): bytes widened to 8 dword lanes, lane j holds elements 2j (low
+ *    nibble) and 2j+1 (high nibble): the 8 even elements, then the 8 odd ones;
+ *  - K3_FP4_NIB16: the block's 8 bytes broadcast to every qword and shifted by a per-lane
+ *    count, lane j holds nibble j>>1 of dword j&1, i.e. element 8*(j&1) + (j>>1);
+ *  - K3_FP4_T128 (AVX-512): per 128 elements (64 bytes, one vector load), lane j of the
+ *    vector shifted by 4k holds nibble k of dword j, element 8j + k: position 16k + j.
+ *    One load, 7 shifts and 8 permutes per 128 weights, and the 8 products of a lane all
+ *    belong to one block, so they are summed before the lane's block scale is applied
+ *    once. Blocks after the last whole 128 use K3_FP4_NIB16.
+ * Elements past the last whole block keep their natural order. */
 #ifndef K3_CPU_KERN_H
 #define K3_CPU_KERN_H
 
@@ -26,17 +33,30 @@ typedef void (*k3_dot64_fn)(const uint8_t *row, const uint8_t *scale_row, int64_
                             const float *const *xs, int nt, double *out);
 
 /* One token against up to K3_CPU_NR rows at once (the T = 1 case): several independent
- * weight streams in flight and the activation loaded once for all of them. Optional. */
+ * weight streams in flight and the activation loaded once for all of them. Optional.
+ * next[0..nr) / next_scale[0..nr) are the rows the caller will pass next (NULL arrays:
+ * none known): the kernel prefetches them at the pace it consumes the current rows, so
+ * the misses of the following call are in flight a whole call ahead, across row, item and
+ * expert boundaries, which a fixed distance inside the current row cannot do. */
 #define K3_CPU_NR 4
 typedef void (*k3_rows_fn)(const uint8_t *const *rows, const uint8_t *const *scale_rows, int nr,
-                           int64_t K, const float *x, float *out);
+                           int64_t K, const float *x, float *out, const uint8_t *const *next,
+                           const uint8_t *const *next_scale);
+
+/* SiTU over n <= 16 outputs of one expert: out = bg*tanh(g/bg)*sigmoid(g) * bl*tanh(u/bl)
+ * (moe.md §1), vectorized: exp by range reduction and a polynomial, tanh(z) =
+ * (1 - e^-2|z|)/(1 + e^-2|z|) or its Taylor series for |z| < 1/8; a few float ulps from
+ * float64 (test_situ_vector), NaN propagated.
+ * Optional: the caller falls back to k3_act_f32. */
+typedef void (*k3_situ_fn)(const float *g, const float *u, int n, float bg, float bl, float *out);
 
 typedef struct k3_cpu_kern {
     const char *name;
-    int fp4_chunk; /* layout of inputs to NVFP4/MXFP4 rows; 1 = natural */
+    int fp4_layout; /* k3_fp4_layout of inputs to NVFP4/MXFP4 rows */
     k3_dot_fn nvfp4, mxfp4, bf16, f32;
     k3_dot64_fn nvfp4_64, mxfp4_64;
     k3_rows_fn nvfp4_rows, mxfp4_rows; /* NULL: the caller loops over rows */
+    k3_situ_fn situ;                   /* NULL: k3_act_f32 per output */
 } k3_cpu_kern;
 
 extern const k3_cpu_kern k3_cpu_kern_scalar, k3_cpu_kern_avx2, k3_cpu_kern_avx512;
@@ -47,11 +67,23 @@ extern float k3_cpu_e4m3[256];
 extern float k3_cpu_e8m0[256];
 void k3_cpu_tables_init(void);
 
+typedef enum k3_fp4_layout {
+    K3_FP4_NATURAL = 0,
+    K3_FP4_PAIRS16,
+    K3_FP4_NIB16,
+    K3_FP4_T128
+} k3_fp4_layout;
+
 /* Where natural element i of a K-long input lives in a kernel's layout. */
-static inline int64_t k3_cpu_pos(int64_t i, int64_t K, int chunk) {
-    if (chunk <= 1 || i >= K - K % chunk) return i;
-    int64_t in = i & (chunk - 1);
-    return (i - in) + ((in & 1) ? chunk / 2 : 0) + (in >> 1);
+static inline int64_t k3_cpu_pos(int64_t i, int64_t K, int layout) {
+    if (layout == K3_FP4_NATURAL || i >= K - K % 16) return i;
+    if (layout == K3_FP4_T128 && i < K - K % 128) {
+        int64_t e = i & 127;
+        return (i - e) + 16 * (e & 7) + (e >> 3);
+    }
+    int64_t in = i & 15;
+    if (layout == K3_FP4_PAIRS16) return (i - in) + ((in & 1) ? 8 : 0) + (in >> 1);
+    return (i - in) + 2 * (in & 7) + (in >> 3);
 }
 
 #endif

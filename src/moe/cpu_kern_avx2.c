@@ -131,6 +131,59 @@ TAVX2 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot(q, sc, 0, K, xs, nt, out);
 }
 
+/* T = 1 over nr rows (a compile-time constant in each instance): each 16-element step
+ * loads the activation pair once for all rows; every row stream is prefetched once per
+ * 64-byte line, a whole call ahead (next), as in the AVX-512 kernel. */
+#define PF_BYTES 6144
+TAVX2 static inline __attribute__((always_inline)) void
+fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr, const int nvfp4,
+              int64_t K, const float *x, float *out, const uint8_t *const *nq,
+              const uint8_t *const *ns) {
+    const __m256 mag = _mm256_loadu_ps(k3_cpu_e2m1);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const int shift = nvfp4 ? 4 : 5;
+    const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
+    __m256 acc[K3_CPU_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        q[r] = qs[r];
+        s[r] = scs[r];
+        pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
+        ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t c = 0; c < K; c += 16) {
+        __m256 xa = _mm256_loadu_ps(x + c), xb = _mm256_loadu_ps(x + c + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            if ((c & 127) == 0) _mm_prefetch((const char *)(pq[r] + c / 2), _MM_HINT_T0);
+            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + (c >> shift)), _MM_HINT_T0);
+            __m256 wa, wb;
+            decode16(q[r] + c / 2, mag, sign, &wa, &wb);
+            __m256 p = _mm256_mul_ps(wa, xa);
+            p = _mm256_fmadd_ps(wb, xb, p);
+            acc[r] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&stab[s[r][c >> shift]]), acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
+}
+
+#define ROWS_FN(name, nv)                                                                    \
+    TAVX2 static void name(const uint8_t *const *qs, const uint8_t *const *scs, int nr,      \
+                           int64_t K, const float *x, float *out, const uint8_t *const *nq,  \
+                           const uint8_t *const *ns) {                                       \
+        switch (nr) {                                                                        \
+        case 4: fp4_rows_impl(qs, scs, 4, nv, K, x, out, nq, ns); break;                     \
+        case 3: fp4_rows_impl(qs, scs, 3, nv, K, x, out, nq, ns); break;                     \
+        case 2: fp4_rows_impl(qs, scs, 2, nv, K, x, out, nq, ns); break;                     \
+        default: fp4_rows_impl(qs, scs, 1, nv, K, x, out, nq, ns); break;                    \
+        }                                                                                    \
+    }
+ROWS_FN(nvfp4_rows, 1)
+ROWS_FN(mxfp4_rows, 0)
+
 TAVX2 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
                            const float *const *xs, int nt, float *out) {
     (void)sc;
@@ -179,8 +232,9 @@ TAVX2 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 }
 
 const k3_cpu_kern k3_cpu_kern_avx2 = {
-    .name = "avx2", .fp4_chunk = 16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
+    .name = "avx2", .fp4_layout = K3_FP4_PAIRS16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
+    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows,
 };
 #else
 const k3_cpu_kern k3_cpu_kern_avx2 = {.name = "avx2"};

@@ -112,6 +112,6 @@ static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K, const floa
 }
 
 const k3_cpu_kern k3_cpu_kern_scalar = {
-    .name = "scalar", .fp4_chunk = 1, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
+    .name = "scalar", .fp4_layout = K3_FP4_NATURAL, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
 };
