@@ -151,7 +151,7 @@ static int bench_moe(int argc, char **argv) {
             o.warm = 1;
             continue;
         }
-        if (!v) return cli_fail(cmd, "%s: missing value (see k3 bench moe -h)", a);
+        if (!v) return cli_fail(cmd, "%s: unknown option, or its value is missing (see k3 bench moe -h)", a);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o.model_dir = v;

@@ -378,6 +378,12 @@ static int parse_opts(const k3_bench_moe_opts *o, k3_wfmt *fmt, k3_act_mode *mod
     else if (!strcmp(m, "w4a4")) *mode = K3_MODE_W4A4;
     else if (!strcmp(m, "w4a8")) *mode = K3_MODE_W4A8;
     else return k3_fail(err, K3_ERR_ARG, "mode: expected w4a16, w4a4 or w4a8, found '%s'", m);
+    /* said before minutes of weight building, not after (a checkpoint's format is checked
+     * when its experts are validated) */
+    if (!o->model_dir && ((*mode == K3_MODE_W4A4 && *fmt != K3_WFMT_NVFP4) ||
+                          (*mode == K3_MODE_W4A8 && *fmt != K3_WFMT_MXFP4)))
+        return k3_fail(err, K3_ERR_ARG, "mode %s needs format %s, found '%s'", m,
+                       *mode == K3_MODE_W4A4 ? "nvfp4" : "mxfp4", f);
     *isa = K3_ISA_COUNT;
     for (int j = 0; j < K3_ISA_COUNT; j++)
         if (!strcmp(i, k3_cpu_isa_name((k3_cpu_isa)j))) *isa = (k3_cpu_isa)j;

@@ -1,0 +1,54 @@
+"""`k3 bench moe` as a user runs it: one run on the built-in tiny checkpoint in JSON (fields present, numbers sane, the build commit stamped), and the errors a user
+gets for bad options. The timings themselves are not asserted (benchmarks, not tests)."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BUILD = Path(os.environ.get("K3_BUILD", "build"))
+K3 = BUILD / "k3"
+
+
+def k3(*args):
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    return subprocess.run([str(K3), *map(str, args)], capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench") / "tiny"
+    p = k3("make-tiny", d, "--format", "nvfp4", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def test_bench_json(tiny):
+    p = k3("bench", "moe", "-m", tiny, "--tokens", "1,4", "-r", "2", "-t", "1", "-o", "json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    commit = k3("version").stdout.split("commit ")[1].split(",")[0]
+    assert r["bench"] == "moe" and r["commit"] == commit
+    assert r["experts"] == 16 and r["top_k"] == 4 and r["format"] == "nvfp4"
+    assert r["read_gbs"] > 0 and r["fma_gflops"] > 0
+    assert [row["tokens"] for row in r["rows"]] == [1, 4]
+    for row in r["rows"]:
+        assert 1 <= row["experts_touched"] <= min(16, 4 * row["tokens"])
+        assert 0 < row["min_s"] <= row["median_s"] <= row["max_s"]
+        assert row["weight_bytes"] == pytest.approx(row["experts_touched"] * r["bytes_per_expert"])
+        assert row["gbs"] == pytest.approx(row["weight_bytes"] / row["median_s"] / 1e9, rel=1e-2)
+        assert 0 < row["bw_fraction"] and 0 < row["flop_fraction"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["moe", "--format", "bogus"], "bogus"),
+    (["moe", "--tokens", "0"], "--tokens"),
+    (["moe", "--bogus"], "--bogus"),
+    (["foo"], "foo"),
+    (["moe", "--act", "w4a8", "--format", "nvfp4"], "w4a8"),
+])
+def test_bench_bad_options(args, needle):
+    p = k3("bench", *args)
+    assert p.returncode == 1
+    assert needle in p.stderr and p.stdout == ""
