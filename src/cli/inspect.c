@@ -260,10 +260,11 @@ static cJSON *json_u64(uint64_t v) {
     return cJSON_CreateRaw(d);
 }
 
-static cJSON *report_json(const k3_checkpoint *ck, const item *it, size_t n, const totals *t,
-                          bool list) {
+static cJSON *report_json(const char *path, const k3_checkpoint *ck, const item *it, size_t n,
+                          const totals *t, bool list) {
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "path", k3_checkpoint_path(ck));
+    cJSON_AddStringToObject(root, "path", path);
+    cJSON_AddStringToObject(root, "dir", k3_checkpoint_path(ck));
     cJSON_AddBoolToObject(root, "index", k3_checkpoint_has_index(ck));
     cJSON *shards = cJSON_AddArrayToObject(root, "shards");
     for (size_t s = 0; s < k3_checkpoint_shard_count(ck); s++) {
@@ -459,7 +460,7 @@ int cli_inspect(int argc, char **argv) {
         totals t;
         count(it, n, &t);
         if (json) {
-            cJSON *root = report_json(ck, it, n, &t, !summary);
+            cJSON *root = report_json(path, ck, it, n, &t, !summary);
             if (root) rc = model_summary(path, ep_size, root);
             char *s = root && !rc ? cJSON_Print(root) : NULL;
             if (s) printf("%s\n", s);
