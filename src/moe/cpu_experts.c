@@ -24,6 +24,7 @@
 #include "formats/block.h"
 #include "moe/activation.h"
 #include "moe/cpu_kern.h"
+#include "formats/fp.h"
 
 #define FC1_ROWS 8  /* FC1 rows per work item (x2 matrices when gated) */
 #define FC2_ROWS 16 /* FC2 rows per work item */
@@ -121,7 +122,7 @@ static void convert_row(const plan *p, const float *in, int64_t n, float g, floa
         k3_nvfp4_quantize_act_row(in, n, g, q, s);
         float *d = tmp + n;
         for (int64_t i = 0; i < n; i++)
-            d[i] = k3_cpu_e2m1[(q[i / 2] >> (4 * (i & 1))) & 15] * k3_cpu_e4m3[s[i / 16]];
+            d[i] = k3_e2m1_lut[(q[i / 2] >> (4 * (i & 1))) & 15] * k3_e4m3_lut[s[i / 16]];
         src = d;
     } else if (p->mode == K3_MODE_W4A8) {
         uint8_t *q = (uint8_t *)tmp, *s = q + n;
@@ -480,7 +481,6 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     if (isa == K3_ISA_AUTO) isa = k3_cpu_isa_best();
     int rc = validate(ex, mode, x, T, ids, w, k, y, err);
     if (rc || T == 0) return rc;
-    k3_cpu_tables_init();
 
     plan p = {.ex = ex, .mode = mode, .H = ex->hidden, .I = ex->inter, .T = T, .k = k,
               .x = x, .w = w, .y = y, .in1 = 1.0f, .in2 = 1.0f, .in1d = 1.0, .g1 = 1.0f,

@@ -61,11 +61,6 @@ typedef struct k3_cpu_kern {
 
 extern const k3_cpu_kern k3_cpu_kern_scalar, k3_cpu_kern_avx2, k3_cpu_kern_avx512;
 
-/* Decode tables, filled once from formats/fp.h by k3_cpu_tables_init (thread safe). */
-extern const float k3_cpu_e2m1[16];
-extern float k3_cpu_e4m3[256];
-extern float k3_cpu_e8m0[256];
-void k3_cpu_tables_init(void);
 
 typedef enum k3_fp4_layout {
     K3_FP4_NATURAL = 0,

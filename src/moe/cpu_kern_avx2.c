@@ -7,6 +7,7 @@
  * nibble) is moved to bit 31 and XORed in. One NVFP4 block is one chunk, so its scale is a
  * broadcast; MXFP4 blocks span two chunks. Per token: p = wa*xa + wb*xb, acc += p*s. */
 #include "moe/cpu_kern.h"
+#include "formats/fp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -34,9 +35,9 @@ TAVX2 static inline float hsum(__m256 v) {
 
 TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
                           const float *const *xs, int nt, float *out) {
-    const __m256 mag = _mm256_loadu_ps(k3_cpu_e2m1);
+    const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
-    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int shift = nvfp4 ? 4 : 5; /* chunk start -> block index */
     if (nt == 1) {
         const float *x = xs[0];
@@ -85,9 +86,9 @@ TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_
 
 TAVX2 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
                             const float *const *xs, int nt, double *out) {
-    const __m256 mag = _mm256_loadu_ps(k3_cpu_e2m1);
+    const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
-    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int shift = nvfp4 ? 4 : 5;
     __m256d lo[K3_CPU_NT], hi[K3_CPU_NT];
     for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm256_setzero_pd();
@@ -139,9 +140,9 @@ TAVX2 static inline __attribute__((always_inline)) void
 fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr, const int nvfp4,
               int64_t K, const float *x, float *out, const uint8_t *const *nq,
               const uint8_t *const *ns) {
-    const __m256 mag = _mm256_loadu_ps(k3_cpu_e2m1);
+    const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
-    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int shift = nvfp4 ? 4 : 5;
     const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
     __m256 acc[K3_CPU_NR];

@@ -18,6 +18,7 @@
  * At T = 1 (fp4_rows) several rows share each activation vector, one accumulator per row,
  * and each row stream is prefetched once per 64-byte line, a whole call ahead (next). */
 #include "moe/cpu_kern.h"
+#include "formats/fp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -111,7 +112,7 @@ T512 INLINE __m512 scale128(const uint8_t *sc, int64_t b0, const int nvfp4, cons
     }
     float f[16];
     for (int j = 0; j < 16; j++)
-        f[j] = nvfp4 ? k3_cpu_e4m3[sc[b0 + j / 2]] : k3_cpu_e8m0[sc[b0 + j / 4]];
+        f[j] = nvfp4 ? k3_e4m3_lut[sc[b0 + j / 2]] : k3_e8m0_lut[sc[b0 + j / 4]];
     return _mm512_loadu_ps(f);
 }
 
@@ -119,8 +120,8 @@ T512 INLINE __m512 scale128(const uint8_t *sc, int64_t b0, const int nvfp4, cons
  * wrapper. Rows of both formats are whole blocks (validated by the caller). */
 T512 INLINE void fp4_dot_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
                               const float *const *xs, int nt, float *out) {
-    const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
-    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int blk = nvfp4 ? 16 : 32;
     const int plain = scales_plain(sc, K / blk, nvfp4);
     const int64_t K128 = K & ~(int64_t)127;
@@ -177,8 +178,8 @@ T512 INLINE void acc64(__m512 p, __m512d slo, __m512d shi, __m512d *lo, __m512d 
 
 T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
                                 const float *const *xs, int nt, double *out) {
-    const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
-    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int blk = nvfp4 ? 16 : 32;
     const int64_t K128 = K & ~(int64_t)127;
     __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
@@ -221,8 +222,8 @@ T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
 T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
                                const int nvfp4, const int plain, int64_t K, const float *x,
                                float *out, const uint8_t *const *nq, const uint8_t *const *ns) {
-    const __m512 tbl = _mm512_loadu_ps(k3_cpu_e2m1);
-    const float *stab = nvfp4 ? k3_cpu_e4m3 : k3_cpu_e8m0;
+    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int blk = nvfp4 ? 16 : 32;
     const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
     __m512 acc[K3_CPU_NR];

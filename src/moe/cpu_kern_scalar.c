@@ -3,24 +3,10 @@
  * block scale), and the path on CPUs without AVX2. */
 #include "moe/cpu_kern.h"
 
-#include <pthread.h>
 #include <string.h>
 
 #include "formats/fp.h"
 
-const float k3_cpu_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-float k3_cpu_e4m3[256];
-float k3_cpu_e8m0[256];
-
-static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
-static void tables_fill(void) {
-    for (int c = 0; c < 256; c++) {
-        k3_cpu_e4m3[c] = k3_e4m3_to_f32((uint8_t)c);
-        k3_cpu_e8m0[c] = k3_e8m0_to_f32((uint8_t)c);
-    }
-}
-void k3_cpu_tables_init(void) { pthread_once(&tables_once, tables_fill); }
 
 static void fp4_dot(const uint8_t *q, const uint8_t *sc, const float *stab, int block,
                     int64_t K, const float *const *xs, int nt, float *out) {
@@ -32,8 +18,8 @@ static void fp4_dot(const uint8_t *q, const uint8_t *sc, const float *stab, int 
             float p = 0.0f;
             for (int i = 0; i < block; i += 2) {
                 uint8_t byte = q[(b0 + i) / 2];
-                p += k3_cpu_e2m1[byte & 15] * x[i];
-                p += k3_cpu_e2m1[byte >> 4] * x[i + 1];
+                p += k3_e2m1_lut[byte & 15] * x[i];
+                p += k3_e2m1_lut[byte >> 4] * x[i + 1];
             }
             acc[j] += p * s;
         }
@@ -51,8 +37,8 @@ static void fp4_dot64(const uint8_t *q, const uint8_t *sc, const float *stab, in
             float p = 0.0f;
             for (int i = 0; i < block; i += 2) {
                 uint8_t byte = q[(b0 + i) / 2];
-                p += k3_cpu_e2m1[byte & 15] * x[i];
-                p += k3_cpu_e2m1[byte >> 4] * x[i + 1];
+                p += k3_e2m1_lut[byte & 15] * x[i];
+                p += k3_e2m1_lut[byte >> 4] * x[i + 1];
             }
             acc[j] += (double)p * s;
         }
@@ -62,22 +48,22 @@ static void fp4_dot64(const uint8_t *q, const uint8_t *sc, const float *stab, in
 
 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K, const float *const *xs,
                         int nt, double *out) {
-    fp4_dot64(q, sc, k3_cpu_e4m3, 16, K, xs, nt, out);
+    fp4_dot64(q, sc, k3_e4m3_lut, 16, K, xs, nt, out);
 }
 
 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K, const float *const *xs,
                         int nt, double *out) {
-    fp4_dot64(q, sc, k3_cpu_e8m0, 32, K, xs, nt, out);
+    fp4_dot64(q, sc, k3_e8m0_lut, 32, K, xs, nt, out);
 }
 
 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K, const float *const *xs,
                       int nt, float *out) {
-    fp4_dot(q, sc, k3_cpu_e4m3, 16, K, xs, nt, out);
+    fp4_dot(q, sc, k3_e4m3_lut, 16, K, xs, nt, out);
 }
 
 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K, const float *const *xs,
                       int nt, float *out) {
-    fp4_dot(q, sc, k3_cpu_e8m0, 32, K, xs, nt, out);
+    fp4_dot(q, sc, k3_e8m0_lut, 32, K, xs, nt, out);
 }
 
 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K, const float *const *xs,
