@@ -231,6 +231,7 @@ typedef struct k3_quantize_opts {
 } k3_quantize_opts;
 
 int k3_quantize_checkpoint(const k3_quantize_opts *opts, k3_error *err);
+
 /* ---- benchmarks (`k3 bench moe`) ---------------------------------------------------- */
 
 /* One routed-expert layer timed on synthetic weights built in memory (k3's quantizer) with
