@@ -77,7 +77,10 @@ __attribute__((target("avx512f"))) static uint64_t read512(const uint8_t *p, int
         d = _mm512_xor_si512(d, _mm512_load_si512((const void *)(p + i + 192)));
     }
     a = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
-    return (uint64_t)_mm512_reduce_add_epi64(a);
+    /* xor, not add: the sink only keeps the loads alive, and a signed add can overflow */
+    uint64_t lanes[8];
+    _mm512_storeu_si512((void *)lanes, a);
+    return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3] ^ lanes[4] ^ lanes[5] ^ lanes[6] ^ lanes[7];
 }
 __attribute__((target("avx2"))) static uint64_t read256(const uint8_t *p, int64_t n) {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
