@@ -203,10 +203,7 @@ TAVX2 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
         for (int64_t t = c; t < K; t++) {
             uint16_t b;
             memcpy(&b, row + 2 * t, 2);
-            uint32_t u = (uint32_t)b << 16;
-            float wf;
-            memcpy(&wf, &u, 4);
-            a += wf * xs[j][t];
+            a += k3_bf16_to_f32(b) * xs[j][t];
         }
         out[j] = a;
     }

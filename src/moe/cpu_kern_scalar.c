@@ -74,10 +74,7 @@ static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K, const flo
         for (int64_t c = 0; c < K; c++) {
             uint16_t b;
             memcpy(&b, row + 2 * c, 2);
-            uint32_t u = (uint32_t)b << 16;
-            float w;
-            memcpy(&w, &u, 4);
-            acc += w * xs[j][c];
+            acc += k3_bf16_to_f32(b) * xs[j][c];
         }
         out[j] = acc;
     }
