@@ -157,13 +157,28 @@ static void make_routing(int T, int k, int E, int how, int32_t *ids, float *w) {
         }
 }
 
+/* Inputs: fp32 (every element has a non-zero lo term) or bf16-valued (lo terms zero: the
+ * activation rows as a bf16 model feeds them). */
+static int bf16_inputs;
+
+static float round_bf16(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
 static double run_case(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode mode, int T, int k, int how,
                        float **y_out, double **ref_out) {
     const int H = m->ex.hidden;
     float *x = malloc(sizeof(float) * T * H), *w = malloc(sizeof(float) * T * k), *y = malloc(sizeof(float) * T * H);
     int32_t *ids = malloc(sizeof(int32_t) * T * k);
     double *ref = malloc(sizeof(double) * T * H);
-    for (int i = 0; i < T * H; i++) x[i] = (float)((urand() * 2 - 1) * (0.5 + 2 * urand()));
+    for (int i = 0; i < T * H; i++) {
+        x[i] = (float)((urand() * 2 - 1) * (0.5 + 2 * urand()));
+        if (bf16_inputs) x[i] = round_bf16(x[i]);
+    }
     make_routing(T, k, m->ex.n_experts, how, ids, w);
     for (int i = 0; i < T * H; i++) y[i] = NAN;
     k3_error err = {0};
@@ -247,6 +262,63 @@ static void test_w4a4_nvfp4(void **s) {
     for (size_t a = 0; a < 4; a++) check_combo(K3_WFMT_NVFP4, acts[a], K3_MODE_W4A4, T_small, 3, 1);
     static const int Tb[] = {255};
     check_combo(K3_WFMT_NVFP4, K3_ACT_SITU, K3_MODE_W4A4, Tb, 1, 0);
+}
+
+/* The sm_90a wgmma GEMM path pinned (64 and 128 tokens per tile), against the reference:
+ * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4;
+ * T from one token to several tiles per expert, all tokens on one expert (items split at the
+ * tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
+static void test_wgmma_path(void **s) {
+    (void)s;
+    NEED_GPU();
+    static const k3_act acts[] = {K3_ACT_SITU, K3_ACT_SWIGLU_BIAS, K3_ACT_RELU2};
+    static const int Ts[] = {1, 3, 77, 300};
+    /* K3_CUDA_TEST_QUICK (the compute-sanitizer run of tools/gpu-check): NVFP4 SiTU only */
+    const int quick = getenv("K3_CUDA_TEST_QUICK") != NULL;
+    int ran = 0;
+    for (int f = 0; f < (quick ? 1 : 2); f++)
+        for (size_t a = 0; a < (quick ? 1u : 3u); a++) {
+            k3_wfmt fmt = f ? K3_WFMT_MXFP4 : K3_WFMT_NVFP4;
+            model m;
+            rng_state = 5000 + f * 10 + a;
+            model_make(&m, 32, 0, 32, 384, 256, fmt, acts[a]);
+            k3_cuda_moe *cm = NULL;
+            k3_error err = {0};
+            assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_OK);
+            int rc = k3_cuda_moe_set_gemm_path(cm, 1, &err);
+            if (rc == K3_ERR_UNSUPPORTED) {
+                printf("SKIP: wgmma path: %s\n", err.msg);
+                k3_cuda_moe_free(cm);
+                model_free(&m);
+                return;
+            }
+            assert_int_equal(rc, K3_OK);
+            for (int nb = 1; nb <= 2; nb++) {
+                assert_int_equal(k3_cuda_moe_set_gemm_path(cm, nb, &err), K3_OK);
+                for (int modei = 0; modei < (f ? 1 : 2); modei++)
+                    for (int bf = 0; bf < (modei ? 1 : 2); bf++)
+                        for (int i = 0; i < 4; i++) {
+                            k3_act_mode mode = modei ? K3_MODE_W4A4 : K3_MODE_W4A16;
+                            const double bound = modei ? 1e-3 : 1e-5;
+                            bf16_inputs = bf;
+                            double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
+                            bf16_inputs = 0;
+                            printf("  wgmma %d %s %-11s %-5s %s T=%-4d relL2 %.3g (bound %g)\n", 64 * nb,
+                                   f ? "mxfp4" : "nvfp4", act_names[acts[a]], modei ? "w4a4" : "w4a16",
+                                   bf ? "bf16-x" : "f32-x ", Ts[i], r, bound);
+                            assert_true(r <= bound);
+                            ran++;
+                        }
+                double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16, 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
+                printf("  wgmma %d %s %-11s all tokens on one expert T=300 k=1 relL2 %.3g\n", 64 * nb,
+                       f ? "mxfp4" : "nvfp4", act_names[acts[a]], r);
+                assert_true(r <= 1e-5);
+            }
+            assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
+            k3_cuda_moe_free(cm);
+            model_free(&m);
+        }
+    assert_true(ran > 0);
 }
 
 static void test_all_tokens_one_expert_and_empty_experts(void **s) {
@@ -422,6 +494,7 @@ int main(void) {
         cmocka_unit_test(test_w4a4_nvfp4),
         cmocka_unit_test(test_all_tokens_one_expert_and_empty_experts),
         cmocka_unit_test(test_ep_rank_subsets),
+        cmocka_unit_test(test_wgmma_path),
     };
     /* tools/gpu-check runs one small case under compute-sanitizer with this filter */
     const char *f = getenv("K3_CUDA_TEST_FILTER");

@@ -38,6 +38,11 @@ int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const f
     return NO_CUDA(err, k3_cuda_backend_name(b));
 }
 
+int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
+    (void)m, (void)path;
+    return NO_CUDA(err, "cuda backend");
+}
+
 int k3_cuda_moe_run_host(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *x, int T,
                          const int32_t *ids, const float *w, int k, float *y, k3_error *err) {
     (void)m, (void)mode, (void)x, (void)T, (void)ids, (void)w, (void)k, (void)y;

@@ -81,11 +81,21 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: k_splits %d (expected 0, 1 or 2)", o->k_splits);
     }
     b->m.force_ks = o->k_splits;
+    if (o->wgmma < -1 || o->wgmma > 2) {
+        free(b);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 1 or 2)", o->wgmma);
+    }
+    b->m.force_wg = o->wgmma;
     const int mx = o->fmt == K3_WFMT_MXFP4;
     if (k3_cuda_moe_alloc(&b->m, o->n_experts, 0, o->n_experts, o->hidden, o->inter, mx ? FMT_MX : FMT_NV, o->act, true,
                           err)) {
         k3_cuda_bench_close(b);
         return err->status;
+    }
+    if (o->wgmma > 0 && !b->m.wg_ok) {
+        k3_cuda_bench_close(b);
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "cuda bench: wgmma %d asked, but this binary or device has no sm_90a kernels",
+                       o->wgmma);
     }
     MoeDev *d = &b->m.d;
     const int SB = mx ? UNIT_S_MX : UNIT_S_NV;

@@ -56,6 +56,7 @@ struct MoeRun {
     uint4 *xq; float *xs;          /* [T][H*4 B] fp16 hi/lo fragment layout, row scale [T] */
     float *h; unsigned *hamax;     /* [T*k][I] FC1 output, |h| max bits per position */
     uint4 *hq; float *hs;          /* [T*k][I*4 B], row scale [T*k] */
+    int plain;                     /* xq / hq in the plain layout of the wgmma path */
     float *part;                   /* [T*k][H] unweighted FC2 output per slot */
     int *sorted_tok, *sorted_slot; /* [T*k] */
     int4 *work;                    /* [wmax] (expert, first position, tokens) */
@@ -115,6 +116,32 @@ __device__ __forceinline__ uint32_t decode_reg(uint32_t w, __half2 scale) {
     return h2_bits(__hmul2(bits_h2(mag), scale)) | sgn;
 }
 
+/* The A fragment (a0..a3, the m16n8k16 / wgmma register layout) of k-step s (0..7) of
+ * one weight unit held as (w0, w1, scales); s must be a compile-time constant. */
+template <int FMT>
+__device__ __forceinline__ void decode_step(const uint4 &w0, const uint4 &w1, const uint4 &sc, int s,
+                                            uint32_t &a0, uint32_t &a1, uint32_t &a2, uint32_t &a3) {
+    const uint4 &wv = s < 4 ? w0 : w1;
+    const int j = s & 3;
+    uint32_t word = j == 0 ? wv.x : j == 1 ? wv.y : j == 2 ? wv.z : wv.w;
+    uint32_t sp;
+    if (FMT == FMT_NV) {
+        const int jj = s >> 1;
+        uint32_t sw = jj == 0 ? sc.x : jj == 1 ? sc.y : jj == 2 ? sc.z : sc.w;
+        sp = (s & 1) ? (sw >> 16) : (sw & 0xFFFF);
+    } else {
+        const int b = s >> 1; /* 32-blocks: one per two k-steps */
+        uint32_t sw = b < 2 ? sc.x : sc.y;
+        sp = (b & 1) ? (sw >> 16) : (sw & 0xFFFF);
+    }
+    __half2 scl = e4m3x2_to_h2(sp);
+    __half2 sr = __low2half2(scl), sr8 = __high2half2(scl);
+    a0 = decode_reg<0>(word, sr);
+    a1 = decode_reg<1>(word, sr8);
+    a2 = decode_reg<2>(word, sr);
+    a3 = decode_reg<3>(word, sr8);
+}
+
 /* Weight unit c (two 16-byte loads per lane, evict-first) and its scales (16 or 8 bytes per
  * group of 4 lanes sharing rows g and g + 8). */
 template <int FMT>
@@ -164,25 +191,8 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
         }
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            const uint4 &wv = s < 4 ? aw0 : aw1;
-            const int j = s & 3;
-            uint32_t word = j == 0 ? wv.x : j == 1 ? wv.y : j == 2 ? wv.z : wv.w;
-            uint32_t sp;
-            if (FMT == FMT_NV) {
-                const int jj = s >> 1;
-                uint32_t sw = jj == 0 ? as.x : jj == 1 ? as.y : jj == 2 ? as.z : as.w;
-                sp = (s & 1) ? (sw >> 16) : (sw & 0xFFFF);
-            } else {
-                const int b = s >> 1; /* 32-blocks: one per two k-steps */
-                uint32_t sw = b < 2 ? as.x : as.y;
-                sp = (b & 1) ? (sw >> 16) : (sw & 0xFFFF);
-            }
-            __half2 sc = e4m3x2_to_h2(sp);
-            __half2 sr = __low2half2(sc), sr8 = __high2half2(sc);
-            uint32_t a0 = decode_reg<0>(word, sr);
-            uint32_t a1 = decode_reg<1>(word, sr8);
-            uint32_t a2 = decode_reg<2>(word, sr);
-            uint32_t a3 = decode_reg<3>(word, sr8);
+            uint32_t a0, a1, a2, a3;
+            decode_step<FMT>(aw0, aw1, as, s, a0, a1, a2, a3);
 #pragma unroll
             for (int f = 0; f < NT; f++) {
                 const uint4 &b = bb[f][s >> 1];
@@ -243,13 +253,20 @@ __device__ __forceinline__ float e2m1_rne(float a) {
     return 6.f;
 }
 
+/* Word index of the fp16 pair (k, k + 1), part 0 = hi / 1 = lo, in one row: the mma.sync B
+ * fragment layout (bq_index), or the plain layout [hi: K halves][lo: K halves] that the
+ * wgmma kernels gather into shared memory. */
+__device__ __forceinline__ int pair_word(int k, int part, int K, bool plain) {
+    return plain ? (part * K + k) >> 1 : bq_index(k, part) >> 1;
+}
+
 /* One row of K floats into hi/lo fp16 terms (w4a16) with the power-of-two row scale, or
  * into NVFP4-quantized values (w4a4, global scale g, TensorRT-LLM's rule s = E4M3(g amax/6),
  * code = E2M1(x g / s)) stored as code * s * 2^-14 (exact in fp16) with row scale 2^14 / g.
  * Threads tid..K step nth handle pairs (w4a16) or 16-blocks (w4a4). */
 __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, float amax, int mode,
-                                          float g, uint32_t *__restrict__ dst, float *rowscale,
-                                          int tid, int nth) {
+                                         float g, uint32_t *__restrict__ dst, float *rowscale,
+                                         int tid, int nth, bool plain) {
     if (mode == K3_MODE_W4A16) {
         int p = 0;
         if (amax > 0.f && isfinite(amax)) {
@@ -263,8 +280,8 @@ __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, 
             float s0 = ldexpf(v.x, -p), s1 = ldexpf(v.y, -p);
             __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
             __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
-            dst[bq_index(k, 0) >> 1] = h2_bits(__halves2half2(h0, h1));
-            dst[bq_index(k, 1) >> 1] = h2_bits(__halves2half2(l0, l1));
+            dst[pair_word(k, 0, K, plain)] = h2_bits(__halves2half2(h0, h1));
+            dst[pair_word(k, 1, K, plain)] = h2_bits(__halves2half2(l0, l1));
         }
     } else {
         if (tid == 0) *rowscale = 16384.f / g;
@@ -286,8 +303,8 @@ __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, 
                     v[e] = ldexpf(c * sd, -14);
                 }
                 int k = b * 16 + i;
-                dst[bq_index(k, 0) >> 1] = h2_bits(__floats2half2_rn(v[0], v[1]));
-                dst[bq_index(k, 1) >> 1] = 0u;
+                dst[pair_word(k, 0, K, plain)] = h2_bits(__floats2half2_rn(v[0], v[1]));
+                dst[pair_word(k, 1, K, plain)] = 0u;
             }
         }
     }
@@ -474,8 +491,8 @@ __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 
 /* h row of position p into the FC2 B layout. */
 __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
     float amax = __uint_as_float(r.hamax[p]);
-    quant_row(r.h + (size_t)p * m.I, m.I, amax, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32),
-              r.hs + p, tid, nth);
+    quant_row(r.h + (size_t)p * m.I, m.I, amax, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32), r.hs + p,
+              tid, nth, r.plain);
 }
 
 /* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */

@@ -48,7 +48,7 @@ __device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) 
     for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
     am = block_amax(am, red);
     quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
-              blockDim.x);
+              blockDim.x, r.plain);
 }
 
 __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
@@ -226,6 +226,15 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
     return K3_OK;
 }
 
+extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
+    if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
+    if (path < -1 || path > 2) return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 1 or 2", path);
+    if (path > 0 && !m->wg_ok)
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
+    m->force_wg = path;
+    return K3_OK;
+}
+
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
@@ -233,9 +242,9 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     const MoeDev *d = &m->d;
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (S < (size_t)d->n_local ? S : (size_t)d->n_local) + S / tn + 1;
-    size_t sz[12] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
-                     wmax * 16, 64, 0};
-    size_t tot = 0, off[12];
+    size_t sz[11] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
+                     wmax * 16, 64};
+    size_t tot = 0, off[11];
     for (int i = 0; i < 11; i++) {
         off[i] = tot;
         tot += al256(sz[i] ? sz[i] : 1);
@@ -273,6 +282,22 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k) {
     return per <= 4 ? 1 : per <= 8 ? 2 : 4;
 }
 
+/* The wgmma path (moe_prefill.cu) pays off once a touched expert has a few dozen tokens:
+ * below that the mma.sync tiles, which stream weights with more loads in flight, win
+ * (measured: T = 256 at ~4.6 tokens per expert 6.6 ms mma.sync vs 15 ms wgmma; T = 1024 at
+ * ~18: 21 vs 16 ms). 128-token tiles (one CTA per SM) measured slower than 64-token tiles
+ * (two per SM) at every T, so automatic selection uses 64. */
+#define WG_MIN_TOKENS_PER_EXPERT 16
+
+static int pick_wg(const k3_cuda_moe *m, int T, int k) {
+    if (!m->wg_ok || m->force_wg < 0) return 0;
+    if (m->force_wg > 0) return m->force_wg;
+    double E = m->d.n_experts, S = (double)T * k;
+    double touched = m->d.n_local * (1.0 - pow(1.0 - (double)k / E, T));
+    double per = touched > 0 ? S * m->d.n_local / E / touched : 1;
+    return per < WG_MIN_TOKENS_PER_EXPERT ? 0 : 1;
+}
+
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
 
 static int launch_check(k3_error *err, const char *what) {
@@ -287,9 +312,10 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
     if (T == 0) return K3_OK;
     cudaStream_t st = (cudaStream_t)stream;
+    const int wg = b == K3_CUDA_GROUPED ? pick_wg(m, T, k) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
-    const int tn = 4 * nt;
+    const int tn = wg ? 64 * wg : 4 * nt;
     if (ensure_ws(m, T, k, tn, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;
@@ -300,6 +326,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     r.ids = d_ids;
     r.rw = d_w;
     r.y = d_y;
+    r.plain = wg != 0;
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
@@ -318,13 +345,19 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
         /* K halves in one CTA when the tiles alone would not fill the device (decode) */
         const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
-        fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+        if (wg) {
+            if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
+        } else
+            fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_check(err, "k_fc1<<<>>>")) return err->status;
         k_hconv<<<S, 128, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
-        fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+        if (wg) {
+            if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
+        } else
+            fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
         if (launch_check(err, "k_fc2<<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);

@@ -1,0 +1,299 @@
+/* The grouped backend's prefill GEMMs on sm_90a: warpgroup MMA (wgmma) with the 4-bit weights
+ * decoded into the A fragment in registers, and the activations of up to 128 tokens gathered
+ * by cp.async into shared memory as the B operand.
+ *
+ * One CTA = two warpgroups = 8 warps = 128 weight rows (one 16-row tile per warp) x TN =
+ * 64 * NB tokens of one expert's work item, over all of K in 64-k stages, three deep. Per
+ * 16-k step each warp decodes its fragment once and issues NB wgmma m64n64k16 on the hi
+ * terms and NB on the lo terms into the same fp32 accumulators (hi + lo summed by the tensor
+ * core: the exact w4a16 contract of moe_dev.cuh); w4a4 activations are exact in the hi term
+ * alone, so its kernels issue no lo products. Numerics are those of the mma.sync path: only
+ * the fp32 accumulation order differs.
+ *
+ * Grid: x = 128-row blocks (fast), y = work items, so the CTAs that share one item's
+ * activation rows run together and find them in L2, while each expert's weights stream
+ * from HBM once per item. The weight unit layout is the mma.sync one (moe_layout.cu). */
+#include "cuda/cuda_check.cuh"
+#include "cuda/moe_state.cuh"
+#include "cuda/moe_wgmma.cuh"
+
+extern "C" {
+#include "base/base.h"
+#include "moe/activation.h"
+}
+
+#define WG_THREADS 256
+#define WG_KS 64     /* k per shared-memory stage: half a weight unit */
+#ifndef WG_STAGES
+#define WG_STAGES 4 /* buffers: stage s computes while s + 1 and s + 2 load; s - 1 may still be in the MMA */
+#endif
+#define WG_AHEAD (WG_STAGES - 2)
+#define WG_WBYTES 640 /* per warp and stage: 512 B of codes (half a unit) + the unit's scales (<= 128 B) */
+
+/* Shared-memory layout of one stage: the activations, part (hi, lo) x [TN / 8 row groups of
+ * 1024 B] x [8 k-groups of 128 B] x [8 rows of 16 B] (core matrices K-adjacent at 128 B = lbo,
+ * N-adjacent at 1024 B = sbo), then each warp's weights. Everything arrives by cp.async, so
+ * nothing in flight lives in registers across stages. */
+__host__ __device__ constexpr int wg_part_bytes(int tn) { return tn * WG_KS * 2; }
+__host__ __device__ constexpr int wg_stage_bytes(int tn) { return 2 * wg_part_bytes(tn) + 8 * WG_WBYTES; }
+__host__ __device__ constexpr int wg_smem_bytes(int tn) { return WG_STAGES * wg_stage_bytes(tn); }
+
+/* Issues the copies of stage s (k0 = 64 s) into buffer buf: this thread's share of the B rows
+ * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per
+ * warp, its tile's half unit of codes and the unit's scales. */
+template <int FMT, int TN, bool LO>
+__device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __half *src, int K, int nf, int pair,
+                                        int gq0, bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
+                                        int lane) {
+    constexpr int STEP = 128 / TN, SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    const uint32_t st = sbase + buf * wg_stage_bytes(TN);
+    const uint32_t b = st + (nf >> 3) * 1024 + (nf & 7) * 16;
+#pragma unroll
+    for (int gq = 0; gq < 8; gq += STEP) {
+        const int q = gq + gq0, p = q >> 2, g = 2 * (q & 3) + pair;
+        if (p && !LO) continue;
+        const __half *sp = src + p * K + s * WG_KS + g * 8;
+        cp_async16(b + p * wg_part_bytes(TN) + g * 128, have_row ? (const void *)sp : (const void *)src,
+                   have_row ? 16 : 0);
+    }
+    const int c = s >> 1, h = s & 1;
+    const uint32_t wd = st + 2 * wg_part_bytes(TN) + warp * WG_WBYTES;
+    cp_async16(wd + lane * 16, wunit + (size_t)c * UNIT_W + h * 512 + lane * 16, 16);
+    if (lane < SBY / 16) cp_async16(wd + 512 + lane * 16, sunit + (size_t)c * SBY + lane * 16, 16);
+}
+
+/* The A fragments of the four 16-k steps of half h (a compile-time constant) of a unit from
+ * this warp's weights in buffer buf (32-bit shared addresses keep the hot loop's registers
+ * down: at 128 per thread, two CTAs fit on an SM). */
+template <int FMT, int TN>
+__device__ __forceinline__ void wg_decode(uint32_t sbase, int buf, int h, int warp, int lane, uint32_t a[4][4]) {
+    const uint32_t wd = sbase + buf * wg_stage_bytes(TN) + 2 * wg_part_bytes(TN) + warp * WG_WBYTES;
+    const uint4 w = lds128(wd + lane * 16);
+    uint4 sc;
+    if (FMT == FMT_NV) {
+        sc = lds128(wd + 512 + (lane >> 2) * 16);
+    } else {
+        uint2 t = lds64(wd + 512 + (lane >> 2) * 8);
+        sc = make_uint4(t.x, t.y, 0, 0);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        if (h) decode_step<FMT>(w, w, sc, 4 + ks, a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+        else decode_step<FMT>(w, w, sc, ks, a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+    }
+}
+
+/* One 64-k stage. On entry the MMAs of stage s - 1 may still run; on exit those of s may. */
+template <int FMT, int TN, int NB, bool LO>
+__device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, float acc[NB][32],
+                                         uint32_t a[4][4], const __half *src, int K, int nf, int pair, int gq0,
+                                         bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
+                                         int lane) {
+    cp_async_wait<WG_AHEAD - 1>();
+    fence_async_smem();
+    __syncthreads(); /* stage s landed for all; every warp's stage s - 2 MMAs are done */
+    if (s + WG_AHEAD < nst)
+        wg_fill<FMT, TN, LO>(sbase, (s + WG_AHEAD) % WG_STAGES, s + WG_AHEAD, src, K, nf, pair, gq0, have_row, wunit,
+                             sunit, warp, lane);
+    cp_async_commit();
+    const int buf = s % WG_STAGES;
+    wg_decode<FMT, TN>(sbase, buf, h, warp, lane, a); /* a was read by stage s - 2: done */
+    const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN), 128, 1024);
+    wg_fence();
+#define WG_MMA(KS, BB)                                                                                    \
+    do {                                                                                                  \
+        if (BB < NB) {                                                                                    \
+            wgmma_n64<BB * 8192 + KS * 256>(acc[BB], a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0);          \
+            if (LO)                                                                                       \
+                wgmma_n64<BB * 8192 + KS * 256 + wg_part_bytes(TN)>(acc[BB], a[KS][0], a[KS][1], a[KS][2], \
+                                                                    a[KS][3], d0);                        \
+        }                                                                                                 \
+    } while (0)
+    /* activations of tokens 64 BB.. at 8 row groups of 1024 B each; k-step KS at 2 x 128 B */
+    WG_MMA(0, 0); WG_MMA(0, 1); WG_MMA(1, 0); WG_MMA(1, 1);
+    WG_MMA(2, 0); WG_MMA(2, 1); WG_MMA(3, 0); WG_MMA(3, 1);
+#undef WG_MMA
+    wg_commit();
+#if WG_WAIT0
+    wg_wait0();
+#else
+    wg_wait1();
+#endif
+}
+
+/* All of K for one work item: accumulators of this warp's 16 rows x TN tokens; LO adds the
+ * lo-term products. */
+template <int FMT, int TN, int NB, bool LO>
+__device__ __forceinline__ void wg_mainloop(float acc[NB][32], const uint8_t *wunit, const uint8_t *sunit, int nk,
+                                            uint32_t sbase, const __half *src, int K, int nf,
+                                            int pair, int gq0, bool have_row, int warp, int lane) {
+    const int nst = 2 * nk;
+#pragma unroll
+    for (int s = 0; s < WG_AHEAD; s++) {
+        if (s < nst) wg_fill<FMT, TN, LO>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        cp_async_commit();
+    }
+#pragma unroll
+    for (int bb = 0; bb < NB; bb++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[bb][i] = 0.f;
+#if WG_WAIT0
+    uint32_t a0[4][4];
+#define a1 a0
+#else
+    uint32_t a0[4][4], a1[4][4];
+#endif
+#pragma unroll 1
+    for (int s = 0; s < nst; s += 2) { /* nst is even: the two A buffers alternate */
+        wg_stage<FMT, TN, NB, LO>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp,
+                                  lane);
+        wg_stage<FMT, TN, NB, LO>(s + 1, 1, nst, sbase, acc, a1, src, K, nf, pair, gq0, have_row, wunit, sunit,
+                                  warp, lane);
+    }
+    wg_wait0();
+#undef a1
+}
+
+#ifndef WG_MINB1
+#define WG_MINB1 2 /* CTAs per SM asked of the compiler for 64-token tiles (128 registers each) */
+#endif
+#ifndef WG_MINB2
+#define WG_MINB2 1
+#endif
+#ifndef WG_WAIT0
+#define WG_WAIT0 0
+#endif
+template <int FMT, int ACT, int NB, int FC2, bool LO>
+__global__ void __launch_bounds__(WG_THREADS, NB == 1 ? WG_MINB1 : WG_MINB2) k_wg(MoeDev m, MoeRun r) {
+    extern __shared__ __align__(1024) uint8_t wsm[];
+    constexpr int TN = 64 * NB;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int W = r.ctl[1];
+    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, K = FC2 ? m.I : m.H;
+    const int mt = blockIdx.x * 8 + warp;
+    const bool rows_ok = mt < mtiles;
+    const int SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    const uint32_t sbase = smem_u32(wsm);
+    const int pair = tid & 1, nf = (tid >> 1) % TN, gq0 = (tid >> 1) / TN;
+    const __half *plain = (const __half *)(FC2 ? r.hq : r.xq);
+    for (int wi = blockIdx.y; wi < W; wi += gridDim.y) {
+        const int4 wk = r.work[wi];
+        const int e = wk.x, p0 = wk.y, n = wk.z;
+        const size_t tile = (size_t)e * mtiles + (rows_ok ? mt : mtiles - 1);
+        const uint8_t *wunit = (const uint8_t *)((FC2 ? m.w2 : m.w1) + tile * nk * 64);
+        const uint8_t *sunit = (FC2 ? m.s2 : m.s1) + tile * nk * SB;
+        const bool have_row = nf < n;
+        const int row = have_row ? (FC2 ? p0 + nf : r.sorted_tok[p0 + nf]) : 0;
+        const __half *src = plain + (size_t)row * 2 * K;
+        float acc[NB][32];
+        wg_mainloop<FMT, TN, NB, LO>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
+        cp_async_wait<0>();
+        __syncthreads(); /* the next item's prologue reuses the buffers */
+        if (!rows_ok) continue;
+
+        /* accumulator (bb, i): row g + 8 ((i >> 1) & 1) of tile mt, item token 64 bb + 8 (i >> 2) + 2 q + (i & 1) */
+        if (FC2) {
+            const float fw = m.f2[e];
+#pragma unroll
+            for (int bb = 0; bb < NB; bb++)
+#pragma unroll
+                for (int i = 0; i < 32; i += 4)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int j = 64 * bb + 2 * i + 2 * q + c;
+                        if (j < n) {
+                            const float s = fw * r.hs[p0 + j];
+                            float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+                            o[0] = acc[bb][i + c] * s;
+                            o[8] = acc[bb][i + 2 + c] * s;
+                        }
+                    }
+        } else {
+            const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
+            const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
+            const float li = m.limit ? m.limit[e] : INFINITY;
+#pragma unroll
+            for (int bb = 0; bb < NB; bb++)
+#pragma unroll
+                for (int i = 0; i < 32; i += 4)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int j = 64 * bb + 2 * i + 2 * q + c; /* 8 (i / 4) + 2 q + c */
+                        const bool ok = j < n;
+                        const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
+                        float v0, v1;
+                        int i0, i1;
+                        if (m.gated) {
+                            v0 = act_gated<ACT>(acc[bb][i + 2 + c] * fb * xs, acc[bb][i + c] * fa * xs, al, be, li);
+                            v1 = 0.f;
+                            i0 = mt * 8 + g;
+                            i1 = -1;
+                        } else {
+                            v0 = act_plain<ACT>(acc[bb][i + c] * fa * xs);
+                            v1 = act_plain<ACT>(acc[bb][i + 2 + c] * fa * xs);
+                            i0 = mt * 16 + g;
+                            i1 = i0 + 8;
+                        }
+                        float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
+                        if (isnan(v0) || isnan(v1)) am = NAN;
+                        if (ok) {
+                            float *hr = r.h + (size_t)(p0 + j) * m.I;
+                            hr[i0] = v0;
+                            if (i1 >= 0) hr[i1] = v1;
+                            if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+                        }
+                    }
+        }
+    }
+}
+
+/* Reports whether this binary carries the sm_90a instructions (run once per handle). */
+__global__ void k_wg_probe(int *out) { *out = K3_WGMMA; }
+
+typedef void (*kern_t)(MoeDev, MoeRun);
+#define WACTS(X, F, N, L)                                                                                  \
+    X(F, K3_ACT_IDENTITY, N, L), X(F, K3_ACT_GELU, N, L), X(F, K3_ACT_RELU, N, L), X(F, K3_ACT_SILU, N, L), \
+        X(F, K3_ACT_SWIGLU, N, L), X(F, K3_ACT_GEGLU, N, L), X(F, K3_ACT_SWIGLU_BIAS, N, L),               \
+        X(F, K3_ACT_RELU2, N, L), X(F, K3_ACT_SITU, N, L)
+#define WG1K(F, A, N, L) (kern_t)k_wg<F, A, N, 0, L>
+
+/* FC1 [mode][fmt][NB - 1][act - 1]: mode 0 = w4a16 (hi and lo terms), 1 = w4a4 (NVFP4 only: the
+ * quantized activation is exact in one fp16 term). FC2 [mode][fmt][NB - 1]. */
+static const kern_t wg_fc1_table[2][2][2][9] = {
+    {{{WACTS(WG1K, FMT_NV, 1, true)}, {WACTS(WG1K, FMT_NV, 2, true)}},
+     {{WACTS(WG1K, FMT_MX, 1, true)}, {WACTS(WG1K, FMT_MX, 2, true)}}},
+    {{{WACTS(WG1K, FMT_NV, 1, false)}, {WACTS(WG1K, FMT_NV, 2, false)}}, {{NULL}, {NULL}}},
+};
+static const kern_t wg_fc2_table[2][2][2] = {
+    {{k_wg<FMT_NV, K3_ACT_IDENTITY, 1, 1, true>, k_wg<FMT_NV, K3_ACT_IDENTITY, 2, 1, true>},
+     {k_wg<FMT_MX, K3_ACT_IDENTITY, 1, 1, true>, k_wg<FMT_MX, K3_ACT_IDENTITY, 2, 1, true>}},
+    {{k_wg<FMT_NV, K3_ACT_IDENTITY, 1, 1, false>, k_wg<FMT_NV, K3_ACT_IDENTITY, 2, 1, false>}, {NULL, NULL}},
+};
+
+int moe_wg_probe(int *ok, k3_error *err) {
+    int *d = NULL, h = 0;
+    K3_CUDA_TRY(err, cudaMalloc(&d, sizeof(int)));
+    k_wg_probe<<<1, 1>>>(d);
+    cudaError_t ce = cudaGetLastError();
+    if (ce == cudaSuccess) ce = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (ce != cudaSuccess) return k3_cuda_fail(err, ce, "k_wg_probe", __FILE__, __LINE__);
+    *ok = h;
+    return K3_OK;
+}
+
+int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int nb, int wmax, cudaStream_t st,
+                  k3_error *err) {
+    /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them (== d.m1 * 16) */
+    const int ai = (int)m->act - 1, smem = wg_smem_bytes(64 * nb);
+    const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
+    const int a4 = r.mode == K3_MODE_W4A4;
+    kern_t k = fc2 ? wg_fc2_table[a4][m->fmt][nb - 1] : wg_fc1_table[a4][m->fmt][nb - 1][ai];
+    if (!k) return k3_fail(err, K3_ERR_UNSUPPORTED, "wgmma path: mode w4a4 needs NVFP4 experts");
+    K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid((tiles + 7) / 8, wmax < 65535 ? wmax : 65535);
+    k<<<grid, WG_THREADS, smem, st>>>(d, r);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return k3_cuda_fail(err, e, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", __FILE__, __LINE__);
+    return K3_OK;
+}

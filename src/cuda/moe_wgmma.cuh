@@ -1,0 +1,100 @@
+/* sm_90a building blocks of the prefill path (moe_prefill.cu): warpgroup MMA with the weight
+ * fragment in registers and the activations in shared memory, shared-memory descriptors, and
+ * cp.async gathers. Compiled to real instructions only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL);
+ * other targets get a trap, and the host never selects the path there (moe_prefill_ok). */
+#ifndef K3_MOE_WGMMA_CUH
+#define K3_MOE_WGMMA_CUH
+
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define K3_WGMMA 1
+#else
+#define K3_WGMMA 0
+#endif
+
+/* Descriptor of a K-major, unswizzled operand: core matrices of 8 rows x 16 bytes stored as
+ * 128 contiguous bytes; lbo = bytes between core matrices adjacent in K, sbo = adjacent in
+ * N. Fields (PTX "matrix descriptor"): address >> 4 in bits 0-13, lbo >> 4 in 16-29, sbo >> 4
+ * in 32-45, swizzle mode 0 in 62-63. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void wg_fence() {
+#if K3_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if K3_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait1() {
+#if K3_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait0() {
+#if K3_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+
+/* The tensor cores read shared memory through the async proxy: ordinary writes (cp.async
+ * included) must be fenced into it before the barrier that precedes the wgmma. */
+__device__ __forceinline__ void fence_async_smem() {
+#if K3_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+/* d[64 x 64] += A[64 x 16] (registers, this warp's 16 rows) * B[16 x 64] (descriptor db plus
+ * OFF bytes, added inside the asm so that the compiler keeps one base descriptor live rather
+ * than one per instruction; the address field cannot carry: shared memory is < 256 KB). */
+template <int OFF>
+__device__ __forceinline__ void wgmma_n64(float d[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t db) {
+#if K3_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %37, 0;\nadd.s64 dd, %36, %38;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "{%32,%33,%34,%35}, dd, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+#else
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+}
+
+/* 16 bytes global -> shared, bypassing L1; src_bytes = 0 fills zeros (rows past the tile). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+#endif
