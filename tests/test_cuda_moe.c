@@ -264,7 +264,7 @@ static void test_w4a4_nvfp4(void **s) {
     check_combo(K3_WFMT_NVFP4, K3_ACT_SITU, K3_MODE_W4A4, Tb, 1, 0);
 }
 
-/* The sm_90a wgmma GEMM path pinned (64 and 128 tokens per tile), against the reference:
+/* The sm_90a wgmma GEMM path pinned (32 and 64 tokens per tile), against the reference:
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4;
  * T from one token to several tiles per expert, all tokens on one expert (items split at the
  * tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
@@ -285,7 +285,7 @@ static void test_wgmma_path(void **s) {
             k3_cuda_moe *cm = NULL;
             k3_error err = {0};
             assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_OK);
-            int rc = k3_cuda_moe_set_gemm_path(cm, 1, &err);
+            int rc = k3_cuda_moe_set_gemm_path(cm, 64, &err);
             if (rc == K3_ERR_UNSUPPORTED) {
                 printf("SKIP: wgmma path: %s\n", err.msg);
                 k3_cuda_moe_free(cm);
@@ -293,8 +293,8 @@ static void test_wgmma_path(void **s) {
                 return;
             }
             assert_int_equal(rc, K3_OK);
-            for (int nb = 1; nb <= 2; nb++) {
-                assert_int_equal(k3_cuda_moe_set_gemm_path(cm, nb, &err), K3_OK);
+            for (int tn = 32; tn <= 64; tn *= 2) {
+                assert_int_equal(k3_cuda_moe_set_gemm_path(cm, tn, &err), K3_OK);
                 for (int modei = 0; modei < (f ? 1 : 2); modei++)
                     for (int bf = 0; bf < (modei ? 1 : 2); bf++)
                         for (int i = 0; i < 4; i++) {
@@ -303,18 +303,19 @@ static void test_wgmma_path(void **s) {
                             bf16_inputs = bf;
                             double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
                             bf16_inputs = 0;
-                            printf("  wgmma %d %s %-11s %-5s %s T=%-4d relL2 %.3g (bound %g)\n", 64 * nb,
+                            printf("  wgmma %d %s %-11s %-5s %s T=%-4d relL2 %.3g (bound %g)\n", tn,
                                    f ? "mxfp4" : "nvfp4", act_names[acts[a]], modei ? "w4a4" : "w4a16",
                                    bf ? "bf16-x" : "f32-x ", Ts[i], r, bound);
                             assert_true(r <= bound);
                             ran++;
                         }
                 double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16, 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
-                printf("  wgmma %d %s %-11s all tokens on one expert T=300 k=1 relL2 %.3g\n", 64 * nb,
+                printf("  wgmma %d %s %-11s all tokens on one expert T=300 k=1 relL2 %.3g\n", tn,
                        f ? "mxfp4" : "nvfp4", act_names[acts[a]], r);
                 assert_true(r <= 1e-5);
             }
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
+            assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 8, &err), K3_ERR_ARG);
             k3_cuda_moe_free(cm);
             model_free(&m);
         }

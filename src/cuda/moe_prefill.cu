@@ -1,14 +1,16 @@
-/* The grouped backend's prefill GEMMs on sm_90a: warpgroup MMA (wgmma) with the 4-bit weights
- * decoded into the A fragment in registers, and the activations of up to 128 tokens gathered
- * by cp.async into shared memory as the B operand.
+/* The grouped backend's GEMMs on sm_90a for a few or many tokens per expert: warpgroup MMA
+ * (wgmma) with the 4-bit weights decoded into the A fragment in registers, the activations of
+ * TN = 32 or 64 tokens gathered by cp.async into shared memory as the B operand. (Tiles of 8
+ * and 16 tokens were built and measured: 42-50% of the copy bandwidth at T = 8..256, below
+ * the mma.sync tiles' 57-82%, so the decode sizes stay on mma.sync.)
  *
- * One CTA = two warpgroups = 8 warps = 128 weight rows (one 16-row tile per warp) x TN =
- * 64 * NB tokens of one expert's work item, over all of K in 64-k stages, three deep. Per
- * 16-k step each warp decodes its fragment once and issues NB wgmma m64n64k16 on the hi
- * terms and NB on the lo terms into the same fp32 accumulators (hi + lo summed by the tensor
- * core: the exact w4a16 contract of moe_dev.cuh); w4a4 activations are exact in the hi term
- * alone, so its kernels issue no lo products. Numerics are those of the mma.sync path: only
- * the fp32 accumulation order differs.
+ * One CTA = two warpgroups = 8 warps = 128 weight rows (one 16-row tile per warp) x TN tokens
+ * of one expert's work item, over all of K in 64-k stages. Every byte arrives by cp.async
+ * into a ring of shared-memory stages, so no load in flight occupies registers. Per 16-k
+ * step each warp decodes its fragment once (from shared memory) and issues one wgmma
+ * m64nTNk16 on the hi terms and one on the lo terms into the same fp32 accumulators (hi + lo
+ * summed by the tensor core: the exact w4a16 contract of moe_dev.cuh; in w4a4 the lo terms
+ * are zero). Numerics are those of the mma.sync path: only fp32 accumulation order differs.
  *
  * Grid: x = 128-row blocks (fast), y = work items, so the CTAs that share one item's
  * activation rows run together and find them in L2, while each expert's weights stream
@@ -23,25 +25,24 @@ extern "C" {
 }
 
 #define WG_THREADS 256
-#define WG_KS 64     /* k per shared-memory stage: half a weight unit */
-#ifndef WG_STAGES
-#define WG_STAGES 4 /* buffers: stage s computes while s + 1 and s + 2 load; s - 1 may still be in the MMA */
-#endif
-#define WG_AHEAD (WG_STAGES - 2)
+#define WG_KS 64      /* k per shared-memory stage: half a weight unit */
 #define WG_WBYTES 640 /* per warp and stage: 512 B of codes (half a unit) + the unit's scales (<= 128 B) */
+
+/* Ring depth per tile width: stage s computes while s + 1 .. s + STAGES - 2 load and s - 1 may
+ * still be in the tensor cores (two CTAs per SM either way). */
+__host__ __device__ constexpr int wg_stages(int tn) { return tn == 32 ? 6 : 4; }
 
 /* Shared-memory layout of one stage: the activations, part (hi, lo) x [TN / 8 row groups of
  * 1024 B] x [8 k-groups of 128 B] x [8 rows of 16 B] (core matrices K-adjacent at 128 B = lbo,
- * N-adjacent at 1024 B = sbo), then each warp's weights. Everything arrives by cp.async, so
- * nothing in flight lives in registers across stages. */
+ * N-adjacent at 1024 B = sbo), then each warp's weights. */
 __host__ __device__ constexpr int wg_part_bytes(int tn) { return tn * WG_KS * 2; }
 __host__ __device__ constexpr int wg_stage_bytes(int tn) { return 2 * wg_part_bytes(tn) + 8 * WG_WBYTES; }
-__host__ __device__ constexpr int wg_smem_bytes(int tn) { return WG_STAGES * wg_stage_bytes(tn); }
+__host__ __device__ constexpr int wg_smem_bytes(int tn) { return wg_stages(tn) * wg_stage_bytes(tn); }
 
 /* Issues the copies of stage s (k0 = 64 s) into buffer buf: this thread's share of the B rows
- * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per
- * warp, its tile's half unit of codes and the unit's scales. */
-template <int FMT, int TN, bool LO>
+ * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per warp, its tile's half unit of codes and
+ * the unit's scales. */
+template <int FMT, int TN>
 __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __half *src, int K, int nf, int pair,
                                         int gq0, bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
                                         int lane) {
@@ -51,7 +52,6 @@ __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __
 #pragma unroll
     for (int gq = 0; gq < 8; gq += STEP) {
         const int q = gq + gq0, p = q >> 2, g = 2 * (q & 3) + pair;
-        if (p && !LO) continue;
         const __half *sp = src + p * K + s * WG_KS + g * 8;
         cp_async16(b + p * wg_part_bytes(TN) + g * 128, have_row ? (const void *)sp : (const void *)src,
                    have_row ? 16 : 0);
@@ -84,89 +84,62 @@ __device__ __forceinline__ void wg_decode(uint32_t sbase, int buf, int h, int wa
 }
 
 /* One 64-k stage. On entry the MMAs of stage s - 1 may still run; on exit those of s may. */
-template <int FMT, int TN, int NB, bool LO>
-__device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, float acc[NB][32],
-                                         uint32_t a[4][4], const __half *src, int K, int nf, int pair, int gq0,
-                                         bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
-                                         int lane) {
-    cp_async_wait<WG_AHEAD - 1>();
+template <int FMT, int TN>
+__device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, float acc[TN / 2], uint32_t a[4][4],
+                                         const __half *src, int K, int nf, int pair, int gq0, bool have_row,
+                                         const uint8_t *wunit, const uint8_t *sunit, int warp, int lane) {
+    constexpr int ST = wg_stages(TN), AHEAD = ST - 2;
+    cp_async_wait<AHEAD - 1>();
     fence_async_smem();
     __syncthreads(); /* stage s landed for all; every warp's stage s - 2 MMAs are done */
-    if (s + WG_AHEAD < nst)
-        wg_fill<FMT, TN, LO>(sbase, (s + WG_AHEAD) % WG_STAGES, s + WG_AHEAD, src, K, nf, pair, gq0, have_row, wunit,
-                             sunit, warp, lane);
+    if (s + AHEAD < nst)
+        wg_fill<FMT, TN>(sbase, (s + AHEAD) % ST, s + AHEAD, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
     cp_async_commit();
-    const int buf = s % WG_STAGES;
+    const int buf = s % ST;
     wg_decode<FMT, TN>(sbase, buf, h, warp, lane, a); /* a was read by stage s - 2: done */
     const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN), 128, 1024);
     wg_fence();
-#define WG_MMA(KS, BB)                                                                                    \
-    do {                                                                                                  \
-        if (BB < NB) {                                                                                    \
-            wgmma_n64<BB * 8192 + KS * 256>(acc[BB], a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0);          \
-            if (LO)                                                                                       \
-                wgmma_n64<BB * 8192 + KS * 256 + wg_part_bytes(TN)>(acc[BB], a[KS][0], a[KS][1], a[KS][2], \
-                                                                    a[KS][3], d0);                        \
-        }                                                                                                 \
+    /* k-step KS at 2 x 128 B; the lo part one part further */
+#define WG_MMA(KS)                                                                                   \
+    do {                                                                                             \
+        wgmma_tn<TN, KS * 256>(acc, a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0);                     \
+        wgmma_tn<TN, KS * 256 + wg_part_bytes(TN)>(acc, a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0); \
     } while (0)
-    /* activations of tokens 64 BB.. at 8 row groups of 1024 B each; k-step KS at 2 x 128 B */
-    WG_MMA(0, 0); WG_MMA(0, 1); WG_MMA(1, 0); WG_MMA(1, 1);
-    WG_MMA(2, 0); WG_MMA(2, 1); WG_MMA(3, 0); WG_MMA(3, 1);
+    WG_MMA(0);
+    WG_MMA(1);
+    WG_MMA(2);
+    WG_MMA(3);
 #undef WG_MMA
     wg_commit();
-#if WG_WAIT0
-    wg_wait0();
-#else
     wg_wait1();
-#endif
 }
 
-/* All of K for one work item: accumulators of this warp's 16 rows x TN tokens; LO adds the
- * lo-term products. */
-template <int FMT, int TN, int NB, bool LO>
-__device__ __forceinline__ void wg_mainloop(float acc[NB][32], const uint8_t *wunit, const uint8_t *sunit, int nk,
-                                            uint32_t sbase, const __half *src, int K, int nf,
-                                            int pair, int gq0, bool have_row, int warp, int lane) {
+/* All of K for one work item: accumulators of this warp's 16 rows x TN tokens. */
+template <int FMT, int TN>
+__device__ __forceinline__ void wg_mainloop(float acc[TN / 2], const uint8_t *wunit, const uint8_t *sunit, int nk,
+                                            uint32_t sbase, const __half *src, int K, int nf, int pair, int gq0,
+                                            bool have_row, int warp, int lane) {
+    constexpr int AHEAD = wg_stages(TN) - 2;
     const int nst = 2 * nk;
 #pragma unroll
-    for (int s = 0; s < WG_AHEAD; s++) {
-        if (s < nst) wg_fill<FMT, TN, LO>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+    for (int s = 0; s < AHEAD; s++) {
+        if (s < nst) wg_fill<FMT, TN>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
         cp_async_commit();
     }
 #pragma unroll
-    for (int bb = 0; bb < NB; bb++)
-#pragma unroll
-        for (int i = 0; i < 32; i++) acc[bb][i] = 0.f;
-#if WG_WAIT0
-    uint32_t a0[4][4];
-#define a1 a0
-#else
+    for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
     uint32_t a0[4][4], a1[4][4];
-#endif
 #pragma unroll 1
     for (int s = 0; s < nst; s += 2) { /* nst is even: the two A buffers alternate */
-        wg_stage<FMT, TN, NB, LO>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp,
-                                  lane);
-        wg_stage<FMT, TN, NB, LO>(s + 1, 1, nst, sbase, acc, a1, src, K, nf, pair, gq0, have_row, wunit, sunit,
-                                  warp, lane);
+        wg_stage<FMT, TN>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_stage<FMT, TN>(s + 1, 1, nst, sbase, acc, a1, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
     }
     wg_wait0();
-#undef a1
 }
 
-#ifndef WG_MINB1
-#define WG_MINB1 2 /* CTAs per SM asked of the compiler for 64-token tiles (128 registers each) */
-#endif
-#ifndef WG_MINB2
-#define WG_MINB2 1
-#endif
-#ifndef WG_WAIT0
-#define WG_WAIT0 0
-#endif
-template <int FMT, int ACT, int NB, int FC2, bool LO>
-__global__ void __launch_bounds__(WG_THREADS, NB == 1 ? WG_MINB1 : WG_MINB2) k_wg(MoeDev m, MoeRun r) {
+template <int FMT, int ACT, int TN, int FC2>
+__global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
     extern __shared__ __align__(1024) uint8_t wsm[];
-    constexpr int TN = 64 * NB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int W = r.ctl[1];
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, K = FC2 ? m.I : m.H;
@@ -185,64 +158,60 @@ __global__ void __launch_bounds__(WG_THREADS, NB == 1 ? WG_MINB1 : WG_MINB2) k_w
         const bool have_row = nf < n;
         const int row = have_row ? (FC2 ? p0 + nf : r.sorted_tok[p0 + nf]) : 0;
         const __half *src = plain + (size_t)row * 2 * K;
-        float acc[NB][32];
-        wg_mainloop<FMT, TN, NB, LO>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
+        float acc[TN / 2];
+        wg_mainloop<FMT, TN>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
         cp_async_wait<0>();
         __syncthreads(); /* the next item's prologue reuses the buffers */
         if (!rows_ok) continue;
 
-        /* accumulator (bb, i): row g + 8 ((i >> 1) & 1) of tile mt, item token 64 bb + 8 (i >> 2) + 2 q + (i & 1) */
+        /* accumulator i: row g + 8 ((i >> 1) & 1) of tile mt, item token 8 (i >> 2) + 2 q + (i & 1) */
         if (FC2) {
             const float fw = m.f2[e];
 #pragma unroll
-            for (int bb = 0; bb < NB; bb++)
+            for (int i = 0; i < TN / 2; i += 4)
 #pragma unroll
-                for (int i = 0; i < 32; i += 4)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int j = 64 * bb + 2 * i + 2 * q + c;
-                        if (j < n) {
-                            const float s = fw * r.hs[p0 + j];
-                            float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
-                            o[0] = acc[bb][i + c] * s;
-                            o[8] = acc[bb][i + 2 + c] * s;
-                        }
+                for (int c = 0; c < 2; c++) {
+                    const int j = 2 * i + 2 * q + c;
+                    if (j < n) {
+                        const float s = fw * r.hs[p0 + j];
+                        float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+                        o[0] = acc[i + c] * s;
+                        o[8] = acc[i + 2 + c] * s;
                     }
+                }
         } else {
             const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
             const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
             const float li = m.limit ? m.limit[e] : INFINITY;
 #pragma unroll
-            for (int bb = 0; bb < NB; bb++)
+            for (int i = 0; i < TN / 2; i += 4)
 #pragma unroll
-                for (int i = 0; i < 32; i += 4)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int j = 64 * bb + 2 * i + 2 * q + c; /* 8 (i / 4) + 2 q + c */
-                        const bool ok = j < n;
-                        const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
-                        float v0, v1;
-                        int i0, i1;
-                        if (m.gated) {
-                            v0 = act_gated<ACT>(acc[bb][i + 2 + c] * fb * xs, acc[bb][i + c] * fa * xs, al, be, li);
-                            v1 = 0.f;
-                            i0 = mt * 8 + g;
-                            i1 = -1;
-                        } else {
-                            v0 = act_plain<ACT>(acc[bb][i + c] * fa * xs);
-                            v1 = act_plain<ACT>(acc[bb][i + 2 + c] * fa * xs);
-                            i0 = mt * 16 + g;
-                            i1 = i0 + 8;
-                        }
-                        float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
-                        if (isnan(v0) || isnan(v1)) am = NAN;
-                        if (ok) {
-                            float *hr = r.h + (size_t)(p0 + j) * m.I;
-                            hr[i0] = v0;
-                            if (i1 >= 0) hr[i1] = v1;
-                            if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
-                        }
+                for (int c = 0; c < 2; c++) {
+                    const int j = 2 * i + 2 * q + c;
+                    const bool ok = j < n;
+                    const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
+                    float v0, v1;
+                    int i0, i1;
+                    if (m.gated) {
+                        v0 = act_gated<ACT>(acc[i + 2 + c] * fb * xs, acc[i + c] * fa * xs, al, be, li);
+                        v1 = 0.f;
+                        i0 = mt * 8 + g;
+                        i1 = -1;
+                    } else {
+                        v0 = act_plain<ACT>(acc[i + c] * fa * xs);
+                        v1 = act_plain<ACT>(acc[i + 2 + c] * fa * xs);
+                        i0 = mt * 16 + g;
+                        i1 = i0 + 8;
                     }
+                    float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
+                    if (isnan(v0) || isnan(v1)) am = NAN;
+                    if (ok) {
+                        float *hr = r.h + (size_t)(p0 + j) * m.I;
+                        hr[i0] = v0;
+                        if (i1 >= 0) hr[i1] = v1;
+                        if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+                    }
+                }
         }
     }
 }
@@ -251,23 +220,21 @@ __global__ void __launch_bounds__(WG_THREADS, NB == 1 ? WG_MINB1 : WG_MINB2) k_w
 __global__ void k_wg_probe(int *out) { *out = K3_WGMMA; }
 
 typedef void (*kern_t)(MoeDev, MoeRun);
-#define WACTS(X, F, N, L)                                                                                  \
-    X(F, K3_ACT_IDENTITY, N, L), X(F, K3_ACT_GELU, N, L), X(F, K3_ACT_RELU, N, L), X(F, K3_ACT_SILU, N, L), \
-        X(F, K3_ACT_SWIGLU, N, L), X(F, K3_ACT_GEGLU, N, L), X(F, K3_ACT_SWIGLU_BIAS, N, L),               \
-        X(F, K3_ACT_RELU2, N, L), X(F, K3_ACT_SITU, N, L)
-#define WG1K(F, A, N, L) (kern_t)k_wg<F, A, N, 0, L>
+#define WACTS(X, F, N)                                                                               \
+    X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
+        X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
+        X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
+#define WG1K(F, A, N) (kern_t)k_wg<F, A, N, 0>
+#define WG2K(F, N) (kern_t)k_wg<F, K3_ACT_IDENTITY, N, 1>
 
-/* FC1 [mode][fmt][NB - 1][act - 1]: mode 0 = w4a16 (hi and lo terms), 1 = w4a4 (NVFP4 only: the
- * quantized activation is exact in one fp16 term). FC2 [mode][fmt][NB - 1]. */
-static const kern_t wg_fc1_table[2][2][2][9] = {
-    {{{WACTS(WG1K, FMT_NV, 1, true)}, {WACTS(WG1K, FMT_NV, 2, true)}},
-     {{WACTS(WG1K, FMT_MX, 1, true)}, {WACTS(WG1K, FMT_MX, 2, true)}}},
-    {{{WACTS(WG1K, FMT_NV, 1, false)}, {WACTS(WG1K, FMT_NV, 2, false)}}, {{NULL}, {NULL}}},
+/* [fmt][tile: 32 or 64 tokens][act - 1] */
+static const kern_t wg_fc1_table[2][2][9] = {
+    {{WACTS(WG1K, FMT_NV, 32)}, {WACTS(WG1K, FMT_NV, 64)}},
+    {{WACTS(WG1K, FMT_MX, 32)}, {WACTS(WG1K, FMT_MX, 64)}},
 };
-static const kern_t wg_fc2_table[2][2][2] = {
-    {{k_wg<FMT_NV, K3_ACT_IDENTITY, 1, 1, true>, k_wg<FMT_NV, K3_ACT_IDENTITY, 2, 1, true>},
-     {k_wg<FMT_MX, K3_ACT_IDENTITY, 1, 1, true>, k_wg<FMT_MX, K3_ACT_IDENTITY, 2, 1, true>}},
-    {{k_wg<FMT_NV, K3_ACT_IDENTITY, 1, 1, false>, k_wg<FMT_NV, K3_ACT_IDENTITY, 2, 1, false>}, {NULL, NULL}},
+static const kern_t wg_fc2_table[2][2] = {
+    {WG2K(FMT_NV, 32), WG2K(FMT_NV, 64)},
+    {WG2K(FMT_MX, 32), WG2K(FMT_MX, 64)},
 };
 
 int moe_wg_probe(int *ok, k3_error *err) {
@@ -282,14 +249,14 @@ int moe_wg_probe(int *ok, k3_error *err) {
     return K3_OK;
 }
 
-int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int nb, int wmax, cudaStream_t st,
+int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax, cudaStream_t st,
                   k3_error *err) {
+    const int ti = tn == 32 ? 0 : tn == 64 ? 1 : -1;
+    if (ti < 0) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (32 or 64)", tn);
     /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them (== d.m1 * 16) */
-    const int ai = (int)m->act - 1, smem = wg_smem_bytes(64 * nb);
+    const int ai = (int)m->act - 1, smem = wg_smem_bytes(tn);
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
-    const int a4 = r.mode == K3_MODE_W4A4;
-    kern_t k = fc2 ? wg_fc2_table[a4][m->fmt][nb - 1] : wg_fc1_table[a4][m->fmt][nb - 1][ai];
-    if (!k) return k3_fail(err, K3_ERR_UNSUPPORTED, "wgmma path: mode w4a4 needs NVFP4 experts");
+    kern_t k = fc2 ? wg_fc2_table[m->fmt][ti] : wg_fc1_table[m->fmt][ti][ai];
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     dim3 grid((tiles + 7) / 8, wmax < 65535 ? wmax : 65535);
     k<<<grid, WG_THREADS, smem, st>>>(d, r);

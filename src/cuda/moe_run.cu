@@ -228,7 +228,8 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
-    if (path < -1 || path > 2) return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 1 or 2", path);
+    if (path < -1 || (path > 0 && path != 32 && path != 64))
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32 or 64", path);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = path;
@@ -282,20 +283,21 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k) {
     return per <= 4 ? 1 : per <= 8 ? 2 : 4;
 }
 
-/* The wgmma path (moe_prefill.cu) pays off once a touched expert has a few dozen tokens:
- * below that the mma.sync tiles, which stream weights with more loads in flight, win
- * (measured: T = 256 at ~4.6 tokens per expert 6.6 ms mma.sync vs 15 ms wgmma; T = 1024 at
- * ~18: 21 vs 16 ms). 128-token tiles (one CTA per SM) measured slower than 64-token tiles
- * (two per SM) at every T, so automatic selection uses 64. */
-#define WG_MIN_TOKENS_PER_EXPERT 16
+/* Tokens per touched expert (uniform routing) at which the wgmma tiles (moe_prefill.cu) take
+ * over from mma.sync, and at which 64-token tiles take over from 32. Measured on the H200
+ * (NVFP4, K3 layer): T = 256 (~4.6 per expert) mma.sync 6.9 ms vs wgmma-32 11.3 ms; T = 1024
+ * (~18) 21.4 vs 13.2 (wgmma-64 16.2); T = 2048 (~37) wgmma-32 23.3 vs wgmma-64 18.9. The
+ * crossovers between those points are not measured. */
+#define WG_MIN_TOKENS_PER_EXPERT 12
+#define WG_64_TOKENS_PER_EXPERT 28
 
 static int pick_wg(const k3_cuda_moe *m, int T, int k) {
     if (!m->wg_ok || m->force_wg < 0) return 0;
-    if (m->force_wg > 0) return m->force_wg;
+    if (m->force_wg > 0) return m->force_wg; /* tokens per tile */
     double E = m->d.n_experts, S = (double)T * k;
     double touched = m->d.n_local * (1.0 - pow(1.0 - (double)k / E, T));
     double per = touched > 0 ? S * m->d.n_local / E / touched : 1;
-    return per < WG_MIN_TOKENS_PER_EXPERT ? 0 : 1;
+    return per < WG_MIN_TOKENS_PER_EXPERT ? 0 : per < WG_64_TOKENS_PER_EXPERT ? 32 : 64;
 }
 
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
@@ -315,7 +317,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     const int wg = b == K3_CUDA_GROUPED ? pick_wg(m, T, k) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
-    const int tn = wg ? 64 * wg : 4 * nt;
+    const int tn = wg ? wg : 4 * nt;
     if (ensure_ws(m, T, k, tn, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;

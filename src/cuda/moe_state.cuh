@@ -24,7 +24,7 @@ struct k3_cuda_moe {
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
     int force_ks; /* 1 or 2 K halves per tile in the grouped FC kernels; 0 = automatic */
-    int force_wg; /* prefill path: -1 never, 0 automatic, 1 or 2 = always, 64 or 128 tokens per tile */
+    int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64 = always, with that many tokens per tile */
     cudaEvent_t *stage_ev;
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;
@@ -43,9 +43,9 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
 /* The sm_90a prefill GEMMs (moe_prefill.cu). moe_wg_probe: whether this binary's kernels
  * carry wgmma for the current device. moe_wg_launch: FC1 (fc2 = 0, activation in the epilogue,
  * h and |h| max as the mma.sync path) or FC2 (unweighted rows per slot) over the work items,
- * 64 * nb tokens per item, xq / hq in the plain layout (MoeRun.plain). */
+ * tn tokens per item, xq / hq in the plain layout (MoeRun.plain). */
 int moe_wg_probe(int *ok, k3_error *err);
-int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int nb, int wmax,
+int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax,
                   cudaStream_t st, k3_error *err);
 
 #endif

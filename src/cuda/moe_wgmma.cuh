@@ -52,28 +52,43 @@ __device__ __forceinline__ void fence_async_smem() {
 #endif
 }
 
-/* d[64 x 64] += A[64 x 16] (registers, this warp's 16 rows) * B[16 x 64] (descriptor db plus
+/* d[64 x N] += A[64 x 16] (registers, this warp's 16 rows) * B[16 x N] (descriptor db plus
  * OFF bytes, added inside the asm so that the compiler keeps one base descriptor live rather
- * than one per instruction; the address field cannot carry: shared memory is < 256 KB). */
+ * than one per instruction; the address field cannot carry: shared memory is < 256 KB).
+ * d: N / 2 floats per thread. */
 template <int OFF>
-__device__ __forceinline__ void wgmma_n64(float d[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint64_t db) {
+__device__ __forceinline__ void wgmma_n32(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
 #if K3_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %37, 0;\nadd.s64 dd, %36, %38;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "{%32,%33,%34,%35}, dd, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %21, 0;\nadd.s64 dd, %20, %22;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                 "{%16,%17,%18,%19}, dd, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
 #else
     (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
     __trap();
 #endif
+}
+
+template <int OFF>
+__device__ __forceinline__ void wgmma_n64(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %37, 0;\nadd.s64 dd, %36, %38;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, dd, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+#else
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    __trap();
+#endif
+}
+
+template <int N, int OFF>
+__device__ __forceinline__ void wgmma_tn(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    static_assert(N == 32 || N == 64, "tile widths 32 and 64");
+    if constexpr (N == 32) wgmma_n32<OFF>(d, a0, a1, a2, a3, db);
+    else wgmma_n64<OFF>(d, a0, a1, a2, a3, db);
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
