@@ -86,7 +86,7 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
     else
         printf("| backend | format | act | isa | threads | tokens | experts | time ms (median) | "
                "spread ms (min..max) | GB/s | read BW GB/s | %% of read BW | GFLOP/s | "
-               "%% of FMA peak |\n"
+               "%% of peak |\n"
                "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const k3_bench_moe_row *r = &rows[i];
@@ -113,8 +113,10 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
            env->bytes_per_expert / 1e6);
     if (!strncmp(env->backend, "cuda", 4)) {
         printf("GPU: all %d experts resident on device 0 (random valid bytes in kernel layout); "
-               "bandwidth column = device copy bandwidth measured in this run; no FMA probe "
-               "(FLOP %% column 0).\n", env->n_experts);
+               "bandwidth column = device copy bandwidth measured in this run (%% of it = memory floor / time); "
+               "peak = bf16 tensor-core rate measured in this run, %.1f TFLOP/s (%% of it = FLOP floor / time, "
+               "FLOPs counted once although w4a16 issues an hi and a lo product; 0 without sm_90a kernels).\n",
+               env->n_experts, env->fma_gflops / 1e3);
         return;
     }
     if (env->from_model)

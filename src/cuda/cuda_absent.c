@@ -75,6 +75,11 @@ int k3_cuda_bench_run(k3_cuda_bench *b, k3_cuda_backend backend, int T, k3_cuda_
 
 void k3_cuda_bench_close(k3_cuda_bench *b) { (void)b; }
 
+int k3_cuda_bf16_peak(double *flops_per_s, k3_error *err) {
+    *flops_per_s = 0;
+    return NO_CUDA(err, "bf16 peak");
+}
+
 int k3_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_s, k3_error *err) {
     (void)bytes, (void)reps;
     *bytes_per_s = 0;

@@ -132,6 +132,10 @@ int k3_cuda_bench_run(k3_cuda_bench *b, k3_cuda_backend backend, int T, k3_cuda_
 void k3_cuda_bench_close(k3_cuda_bench *b);
 /* Device-to-device copy bandwidth over `bytes` (counting read + write), median of reps. */
 int k3_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_s, k3_error *err);
+/* The device's bf16 tensor-core rate (FLOP/s) from back-to-back wgmma with no memory
+ * traffic, best of a few runs: the denominator of FLOP floors. sm_90a builds and devices only
+ * (K3_ERR_UNSUPPORTED elsewhere). */
+int k3_cuda_bf16_peak(double *flops_per_s, k3_error *err);
 
 /* ---- the whole MoE block on the GPU (block.cu) ------------------------------------------- */
 

@@ -407,7 +407,8 @@ static int parse_opts(const k3_bench_moe_opts *o, k3_wfmt *fmt, k3_act_mode *mod
 
 /* The GPU backends through the GPU boundary's own benchmark (all experts resident on
  * device 0, random valid bytes in kernel layout); the bandwidth column is the device's
- * copy bandwidth measured in the same run, and there is no FMA probe (0). */
+ * copy bandwidth measured in the same run and the peak column its bf16 tensor-core rate
+ * (k3_cuda_bf16_peak; 0 where the build has no sm_90a kernels). */
 static int bench_cuda(const k3_bench_moe_opts *o, k3_wfmt fmt, k3_act_mode mode,
                       const int *tokens, int n_tokens, k3_bench_moe_row *rows,
                       k3_bench_moe_env *env, k3_error *err) {
@@ -420,8 +421,15 @@ static int bench_cuda(const k3_bench_moe_opts *o, k3_wfmt fmt, k3_act_mode mode,
                              .reps = o->repeats ? o->repeats : 20, .seed = o->seed ? o->seed : 1};
     memset(env, 0, sizeof *env);
     double bw = 0;
-    int rc = k3_cuda_copy_bandwidth((size_t)2 << 30, 5, &bw, err);
+    int ndev = 0;
+    char dname[256];
+    int rc = k3_cuda_device_count(&ndev, dname, sizeof dname, err);
     if (rc) return rc;
+    if (ndev == 0) return k3_fail(err, K3_ERR_DEVICE, "%s: no CUDA device (%s)", o->backend, dname);
+    if ((rc = k3_cuda_copy_bandwidth((size_t)2 << 30, 5, &bw, err))) return rc;
+    double peak = 0;
+    k3_error perr = {0};
+    if (k3_cuda_bf16_peak(&peak, &perr) && perr.status != K3_ERR_UNSUPPORTED) return k3_fail(err, perr.status, "%s", perr.msg);
     k3_cuda_bench *b = NULL;
     if ((rc = k3_cuda_bench_open(&co, &b, err))) return rc;
     for (int i = 0; i < n_tokens && !rc; i++) {
@@ -447,6 +455,7 @@ static int bench_cuda(const k3_bench_moe_opts *o, k3_wfmt fmt, k3_act_mode mode,
     env->experts_built = co.n_experts;
     env->bytes_per_expert = rows[0].experts_touched > 0 ? rows[0].weight_bytes / rows[0].experts_touched : 0;
     env->read_gbs = bw / 1e9;
+    env->fma_gflops = peak / 1e9;
     env->warm = 1;
     return K3_OK;
 }

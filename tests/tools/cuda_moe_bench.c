@@ -52,7 +52,10 @@ int main(int argc, char **argv) {
     char dev[256];
     int nd = 0;
     k3_cuda_device_count(&nd, dev, sizeof dev, &err);
-    printf("#device\t%s\n#copy_bw_GBs\t%.1f\n", dev, bw / 1e9);
+    double peak = 0;
+    k3_error perr = {0};
+    if (k3_cuda_bf16_peak(&peak, &perr)) fprintf(stderr, "cuda_moe_bench: bf16 peak: %s\n", perr.msg);
+    printf("#device\t%s\n#copy_bw_GBs\t%.1f\n#bf16_peak_TFLOPs\t%.1f\n", dev, bw / 1e9, peak / 1e12);
     printf("#k3\tbackend\tfmt\tT\tus_median\tus_min\ttouched\texpert_MB\tfloor_us\tfrac_of_floor\tTFLOPs\t"
            "stages_us(prep,fc1,hconv,fc2,finalize)\n");
     fflush(stdout);
