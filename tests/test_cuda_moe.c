@@ -426,6 +426,46 @@ static void test_explicit_errors(void **s) {
     model_free(&m);
 }
 
+/* Where no device is usable (this CI machine, a build without nvcc), every entry point of
+ * the boundary answers with an error that says so: no crash, no silent CPU fallback. */
+static void test_without_gpu_errors(void **s) {
+    (void)s;
+    if (have_gpu()) {
+        printf("SKIP: a CUDA device is present (%s); this test covers machines without one\n", gpu_name);
+        skip();
+    }
+    model m;
+    rng_state = 11;
+    model_make(&m, 8, 0, 8, 128, 128, K3_WFMT_NVFP4, K3_ACT_SITU);
+    k3_cuda_moe *cm = (k3_cuda_moe *)&m; /* must be overwritten with NULL */
+    k3_error err = {0};
+    int rc = k3_cuda_moe_create(&m.ex, &cm, &err);
+    printf("  create: %s\n", err.msg);
+    assert_int_not_equal(rc, K3_OK);
+    assert_null(cm);
+    assert_non_null(strstr(err.msg, "cuda"));
+    err = (k3_error){0};
+    assert_int_not_equal(k3_cuda_moe_set_gemm_path(NULL, 0, &err), K3_OK);
+    assert_true(err.msg[0] != 0);
+    double v = -1;
+    err = (k3_error){0};
+    assert_int_not_equal(k3_cuda_bf16_peak(&v, &err), K3_OK);
+    assert_true(v == 0 && err.msg[0] != 0);
+    printf("  bf16 peak: %s\n", err.msg);
+    err = (k3_error){0};
+    assert_int_not_equal(k3_cuda_copy_bandwidth(1 << 20, 1, &v, &err), K3_OK);
+    assert_true(v == 0 && err.msg[0] != 0);
+    printf("  copy bandwidth: %s\n", err.msg);
+    k3_cuda_bench_opts o = {.n_experts = 8, .hidden = 128, .inter = 128, .top_k = 2, .fmt = K3_WFMT_NVFP4,
+                            .act = K3_ACT_SITU, .mode = K3_MODE_W4A16};
+    k3_cuda_bench *b = NULL;
+    err = (k3_error){0};
+    assert_int_not_equal(k3_cuda_bench_open(&o, &b, &err), K3_OK);
+    assert_null(b);
+    printf("  bench: %s\n", err.msg);
+    model_free(&m);
+}
+
 /* noaux_tc: sigmoid, top-k of s + bias, weights from s renormalized and scaled. */
 static void test_route_noaux_tc(void **s) {
     (void)s;
@@ -489,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_reports_device),
         cmocka_unit_test(test_route_noaux_tc),
         cmocka_unit_test(test_explicit_errors),
+        cmocka_unit_test(test_without_gpu_errors),
         cmocka_unit_test(test_nvfp4_situ_all_T),
         cmocka_unit_test(test_mxfp4_situ_all_T),
         cmocka_unit_test(test_activations_both_formats),

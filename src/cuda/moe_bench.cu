@@ -239,6 +239,10 @@ extern "C" void k3_cuda_bench_close(k3_cuda_bench *b) {
 
 extern "C" int k3_cuda_copy_bandwidth(size_t bytes, int reps, double *bytes_per_s, k3_error *err) {
     *bytes_per_s = 0;
+    int ndev = 0;
+    char name[256];
+    if (k3_cuda_device_count(&ndev, name, sizeof name, err)) return err->status;
+    if (ndev == 0) return k3_fail(err, K3_ERR_DEVICE, "copy bandwidth: no CUDA device (%s)", name);
     void *a = NULL, *c = NULL;
     K3_CUDA_TRY(err, cudaMalloc(&a, bytes));
     cudaError_t ce = cudaMalloc(&c, bytes);

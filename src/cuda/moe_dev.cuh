@@ -11,8 +11,9 @@
  * upload, so both formats share one decode. Activations are fp32 in the contract; they
  * enter the MMA as two fp16 terms hi + lo of the row scaled by a power of two (amax in
  * [2^14, 2^15)), which carries ~22 significant bits: the w4a16 result differs from the
- * float64 reference only by fp32 accumulation. What this leaves out: wgmma (sm_90a
- * warpgroup MMA) for prefill sizes; mma.sync m16n8k16 serves every T. */
+ * float64 reference only by fp32 accumulation. The mma.sync m16n8k16 tile loop here serves
+ * the decode sizes and the fused backend; moe_prefill.cu reuses the decode (decode_step) for
+ * the sm_90a wgmma tiles of larger batches. */
 #ifndef K3_MOE_DEV_CUH
 #define K3_MOE_DEV_CUH
 

@@ -1,6 +1,7 @@
 /* The two GPU MoE backends over an uploaded k3_cuda_moe.
  *
- * Grouped (any T), five launches on one stream:
+ * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
+ * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
  *   fc1       grid (work items x 16-row tiles / 4 warps): swap-AB mma.sync, the weight rows in

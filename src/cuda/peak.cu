@@ -50,7 +50,10 @@ __global__ void __launch_bounds__(256, 1) k_peak(int batches, float *sink) {
 
 extern "C" int k3_cuda_bf16_peak(double *flops_per_s, k3_error *err) {
     *flops_per_s = 0;
-    int probe = 0, nsm = 0, dev = 0;
+    int probe = 0, nsm = 0, dev = 0, ndev = 0;
+    char name[256];
+    if (k3_cuda_device_count(&ndev, name, sizeof name, err)) return err->status;
+    if (ndev == 0) return k3_fail(err, K3_ERR_DEVICE, "bf16 peak: no CUDA device (%s)", name);
     K3_CUDA_TRY(err, cudaGetDevice(&dev));
     K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     if (moe_wg_probe(&probe, err)) return err->status;
