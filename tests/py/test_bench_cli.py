@@ -52,3 +52,16 @@ def test_bench_bad_options(args, needle):
     p = k3("bench", *args)
     assert p.returncode == 1
     assert needle in p.stderr and p.stdout == ""
+
+
+def test_bench_cuda_without_gpu_says_why():
+    """On a machine without a usable GPU (or a build without CUDA) the GPU backends of the
+    benchmark fail with a line that says so, never a CPU run under the GPU's name."""
+    for be in ("cuda", "cuda-fused"):
+        p = k3("bench", "moe", "--backend", be, "--tokens", "1", "-r", "1")
+        if p.returncode == 0:
+            assert f"| {be} |" in p.stdout  # a machine with a GPU: the rows are the GPU's
+            continue
+        assert "no CUDA device" in p.stderr or "without CUDA" in p.stderr, p.stderr
+        assert be in p.stderr, p.stderr
+        assert p.stdout == ""
