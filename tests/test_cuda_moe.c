@@ -264,7 +264,8 @@ static void test_w4a4_nvfp4(void **s) {
     check_combo(K3_WFMT_NVFP4, K3_ACT_SITU, K3_MODE_W4A4, Tb, 1, 0);
 }
 
-/* The sm_90a wgmma GEMM path pinned (32 and 64 tokens per tile), against the reference:
+/* The sm_90a wgmma GEMM paths pinned (32 and 64 tokens per tile; 128 = the warp-specialized
+ * kernel), against the reference:
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4;
  * T from one token to several tiles per expert, all tokens on one expert (items split at the
  * tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
@@ -293,7 +294,7 @@ static void test_wgmma_path(void **s) {
                 return;
             }
             assert_int_equal(rc, K3_OK);
-            for (int tn = 32; tn <= 64; tn *= 2) {
+            for (int tn = 32; tn <= 128; tn *= 2) {
                 assert_int_equal(k3_cuda_moe_set_gemm_path(cm, tn, &err), K3_OK);
                 for (int modei = 0; modei < (f ? 1 : 2); modei++)
                     for (int bf = 0; bf < (modei ? 1 : 2); bf++)
@@ -316,6 +317,7 @@ static void test_wgmma_path(void **s) {
             }
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 8, &err), K3_ERR_ARG);
+            assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 256, &err), K3_ERR_ARG);
             k3_cuda_moe_free(cm);
             model_free(&m);
         }

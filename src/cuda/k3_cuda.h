@@ -71,7 +71,8 @@ int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const f
                     k3_error *err);
 
 /* The grouped backend's GEMM path: -1 always mma.sync tiles, 0 automatic, 32 / 64 always
- * the sm_90a wgmma tiles of that many tokens (K3_ERR_UNSUPPORTED where the binary or
+ * the sm_90a wgmma tiles of that many tokens, 128 the warp-specialized sm_90a kernel with
+ * 128-token tiles (never chosen automatically: not yet measured on a GPU) (K3_ERR_UNSUPPORTED where the binary or
  * the device has no sm_90a kernels). Both paths compute the same contract; tests and
  * benchmarks pin one. */
 int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err);
@@ -110,7 +111,7 @@ typedef struct k3_cuda_bench_opts {
     uint64_t seed;
     int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
     int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the grouped kernels; 0 = automatic */
-    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64 forces the sm_90a wgmma path
+    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
 } k3_cuda_bench_opts;
 

@@ -386,6 +386,36 @@ __device__ __forceinline__ float warp_max8(float v) {
     return v;
 }
 
+/* The FC1 output of one position pos (valid when ok) for this lane's row pair of 16-row tile
+ * mt: r0 = accumulator of row g, r8 = of row g + 8 (up and gate rows when gated, two output
+ * rows otherwise). Applies the activation, writes h and folds |h| into the position's max (a
+ * NaN max is stored as NaN). Every lane of the warp must call it (the max is a shuffle). */
+template <int ACT>
+__device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int pos, bool ok, int mt, int g, float r0,
+                                          float r8, float fa, float fb, float xs, float al, float be, float li) {
+    float v0, v1;
+    int i0, i1;
+    if (m.gated) { /* set at upload from k3_act_is_gated */
+        v0 = act_gated<ACT>(r8 * fb * xs, r0 * fa * xs, al, be, li);
+        v1 = 0.f;
+        i0 = mt * 8 + g;
+        i1 = -1;
+    } else {
+        v0 = act_plain<ACT>(r0 * fa * xs);
+        v1 = act_plain<ACT>(r8 * fa * xs);
+        i0 = mt * 16 + g;
+        i1 = i0 + 8;
+    }
+    float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
+    if (isnan(v0) || isnan(v1)) am = NAN;
+    if (ok) {
+        float *hr = r.h + (size_t)pos * m.I;
+        hr[i0] = v0;
+        if (i1 >= 0) hr[i1] = v1;
+        if (g == 0) atomicMax(r.hamax + pos, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+    }
+}
+
 /* FC1 for work item wk = (expert, first position, tokens) and 16-row tile mt; writes h and
  * the per-position |h| max. */
 /* FC1 accumulators of tile mt over k-chunks [c0, c1). */
@@ -417,28 +447,7 @@ __device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 w
         bool ok = j < n;
         int tok = ok ? r.sorted_tok[p0 + j] : 0;
         float xs = ok ? r.xs[tok] : 0.f;
-        float v0, v1;
-        int i0, i1;
-        if (m.gated) { /* set at upload from k3_act_is_gated */
-            float up = (acc[f][0] + acc[f][1]) * fa * xs, gate = (acc[f][2] + acc[f][3]) * fb * xs;
-            v0 = act_gated<ACT>(gate, up, al, be, li);
-            v1 = 0.f;
-            i0 = mt * 8 + g;
-            i1 = -1;
-        } else {
-            v0 = act_plain<ACT>((acc[f][0] + acc[f][1]) * fa * xs);
-            v1 = act_plain<ACT>((acc[f][2] + acc[f][3]) * fa * xs);
-            i0 = mt * 16 + g;
-            i1 = i0 + 8;
-        }
-        float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
-        if (isnan(v0) || isnan(v1)) am = NAN;
-        if (ok) {
-            float *hr = r.h + (size_t)(p0 + j) * m.I;
-            hr[i0] = v0;
-            if (i1 >= 0) hr[i1] = v1;
-            if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
-        }
+        fc1_store<ACT>(m, r, p0 + j, ok, mt, g, acc[f][0] + acc[f][1], acc[f][2] + acc[f][3], fa, fb, xs, al, be, li);
     }
 }
 

@@ -17,6 +17,7 @@
  * from HBM once per item. The weight unit layout is the mma.sync one (moe_layout.cu). */
 #include "cuda/cuda_check.cuh"
 #include "cuda/moe_state.cuh"
+#include "cuda/moe_prefill.cuh"
 #include "cuda/moe_wgmma.cuh"
 
 extern "C" {
@@ -25,23 +26,15 @@ extern "C" {
 }
 
 #define WG_THREADS 256
-#define WG_KS 64      /* k per shared-memory stage: half a weight unit */
-#define WG_WBYTES 640 /* per warp and stage: 512 B of codes (half a unit) + the unit's scales (<= 128 B) */
 
 /* Ring depth per tile width: stage s computes while s + 1 .. s + STAGES - 2 load and s - 1 may
  * still be in the tensor cores (two CTAs per SM either way). */
 __host__ __device__ constexpr int wg_stages(int tn) { return tn == 32 ? 6 : 4; }
-
-/* Shared-memory layout of one stage: the activations, part (hi, lo) x [TN / 8 row groups of
- * 1024 B] x [8 k-groups of 128 B] x [8 rows of 16 B] (core matrices K-adjacent at 128 B = lbo,
- * N-adjacent at 1024 B = sbo), then each warp's weights. */
-__host__ __device__ constexpr int wg_part_bytes(int tn) { return tn * WG_KS * 2; }
-__host__ __device__ constexpr int wg_stage_bytes(int tn) { return 2 * wg_part_bytes(tn) + 8 * WG_WBYTES; }
 __host__ __device__ constexpr int wg_smem_bytes(int tn) { return wg_stages(tn) * wg_stage_bytes(tn); }
 
 /* Issues the copies of stage s (k0 = 64 s) into buffer buf: this thread's share of the B rows
- * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per warp, its tile's half unit of codes and
- * the unit's scales. */
+ * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per
+ * warp, its tile's half unit of codes and the unit's scales. */
 template <int FMT, int TN>
 __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __half *src, int K, int nf, int pair,
                                         int gq0, bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
@@ -62,27 +55,6 @@ __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __
     if (lane < SBY / 16) cp_async16(wd + 512 + lane * 16, sunit + (size_t)c * SBY + lane * 16, 16);
 }
 
-/* The A fragments of the four 16-k steps of half h (a compile-time constant) of a unit from
- * this warp's weights in buffer buf (32-bit shared addresses keep the hot loop's registers
- * down: at 128 per thread, two CTAs fit on an SM). */
-template <int FMT, int TN>
-__device__ __forceinline__ void wg_decode(uint32_t sbase, int buf, int h, int warp, int lane, uint32_t a[4][4]) {
-    const uint32_t wd = sbase + buf * wg_stage_bytes(TN) + 2 * wg_part_bytes(TN) + warp * WG_WBYTES;
-    const uint4 w = lds128(wd + lane * 16);
-    uint4 sc;
-    if (FMT == FMT_NV) {
-        sc = lds128(wd + 512 + (lane >> 2) * 16);
-    } else {
-        uint2 t = lds64(wd + 512 + (lane >> 2) * 8);
-        sc = make_uint4(t.x, t.y, 0, 0);
-    }
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++) {
-        if (h) decode_step<FMT>(w, w, sc, 4 + ks, a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
-        else decode_step<FMT>(w, w, sc, ks, a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
-    }
-}
-
 /* One 64-k stage. On entry the MMAs of stage s - 1 may still run; on exit those of s may. */
 template <int FMT, int TN>
 __device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, float acc[TN / 2], uint32_t a[4][4],
@@ -99,17 +71,7 @@ __device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, 
     wg_decode<FMT, TN>(sbase, buf, h, warp, lane, a); /* a was read by stage s - 2: done */
     const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN), 128, 1024);
     wg_fence();
-    /* k-step KS at 2 x 128 B; the lo part one part further */
-#define WG_MMA(KS)                                                                                   \
-    do {                                                                                             \
-        wgmma_tn<TN, KS * 256>(acc, a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0);                     \
-        wgmma_tn<TN, KS * 256 + wg_part_bytes(TN)>(acc, a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0); \
-    } while (0)
-    WG_MMA(0);
-    WG_MMA(1);
-    WG_MMA(2);
-    WG_MMA(3);
-#undef WG_MMA
+    wg_mma_stage<TN>(acc, a, d0);
     wg_commit();
     wg_wait1();
 }
@@ -164,55 +126,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
         __syncthreads(); /* the next item's prologue reuses the buffers */
         if (!rows_ok) continue;
 
-        /* accumulator i: row g + 8 ((i >> 1) & 1) of tile mt, item token 8 (i >> 2) + 2 q + (i & 1) */
-        if (FC2) {
-            const float fw = m.f2[e];
-#pragma unroll
-            for (int i = 0; i < TN / 2; i += 4)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int j = 2 * i + 2 * q + c;
-                    if (j < n) {
-                        const float s = fw * r.hs[p0 + j];
-                        float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
-                        o[0] = acc[i + c] * s;
-                        o[8] = acc[i + 2 + c] * s;
-                    }
-                }
-        } else {
-            const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
-            const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
-            const float li = m.limit ? m.limit[e] : INFINITY;
-#pragma unroll
-            for (int i = 0; i < TN / 2; i += 4)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int j = 2 * i + 2 * q + c;
-                    const bool ok = j < n;
-                    const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
-                    float v0, v1;
-                    int i0, i1;
-                    if (m.gated) {
-                        v0 = act_gated<ACT>(acc[i + 2 + c] * fb * xs, acc[i + c] * fa * xs, al, be, li);
-                        v1 = 0.f;
-                        i0 = mt * 8 + g;
-                        i1 = -1;
-                    } else {
-                        v0 = act_plain<ACT>(acc[i + c] * fa * xs);
-                        v1 = act_plain<ACT>(acc[i + 2 + c] * fa * xs);
-                        i0 = mt * 16 + g;
-                        i1 = i0 + 8;
-                    }
-                    float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
-                    if (isnan(v0) || isnan(v1)) am = NAN;
-                    if (ok) {
-                        float *hr = r.h + (size_t)(p0 + j) * m.I;
-                        hr[i0] = v0;
-                        if (i1 >= 0) hr[i1] = v1;
-                        if (g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
-                    }
-                }
-        }
+        wg_epilogue<FMT, ACT, TN, FC2>(m, r, e, p0, n, mt, g, q, acc);
     }
 }
 
@@ -257,10 +171,5 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     const int ai = (int)m->act - 1, smem = wg_smem_bytes(tn);
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
     kern_t k = fc2 ? wg_fc2_table[m->fmt][ti] : wg_fc1_table[m->fmt][ti][ai];
-    K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    dim3 grid((tiles + 7) / 8, wmax < 65535 ? wmax : 65535);
-    k<<<grid, WG_THREADS, smem, st>>>(d, r);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return k3_cuda_fail(err, e, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", __FILE__, __LINE__);
-    return K3_OK;
+    return wg_launch(k, tiles, wmax, WG_THREADS, smem, st, d, r, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
 }

@@ -229,8 +229,8 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
-    if (path < -1 || (path > 0 && path != 32 && path != 64))
-        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32 or 64", path);
+    if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128))
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 64 or 128", path);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = path;
@@ -349,7 +349,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         /* K halves in one CTA when the tiles alone would not fill the device (decode) */
         const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
         if (wg) {
-            if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
+            if (wg == 128 ? moe_ws_launch(m, d, r, 0, wmax, st, err) : moe_wg_launch(m, d, r, 0, wg, wmax, st, err))
+                return err->status;
         } else
             fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
@@ -358,7 +359,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
         if (wg) {
-            if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
+            if (wg == 128 ? moe_ws_launch(m, d, r, 1, wmax, st, err) : moe_wg_launch(m, d, r, 1, wg, wmax, st, err))
+                return err->status;
         } else
             fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);

@@ -4,7 +4,7 @@
  * memory floor from the copy bandwidth measured in the same process, and the fraction.
  * Usage: cuda_moe_bench [--fmt nvfp4|mxfp4|both] [--backend cuda|cuda-fused|both]
  *                       [--T 1,8,64,256] [--reps 20] [--experts 896 --hidden 3584 --inter 3072 --topk 16]
- *                       [--tokens-per-tile 0|4|8|16] [--k-splits 0|1|2] [--wgmma -1|0|32|64]
+ *                       [--tokens-per-tile 0|4|8|16] [--k-splits 0|1|2] [--wgmma -1|0|32|64|128]
  * The grouped rows add the stage breakdown (prep, fc1, hconv, fc2, finalize) of one extra
  * run with events between the launches. */
 #include "cuda/k3_cuda.h"

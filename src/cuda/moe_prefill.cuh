@@ -1,0 +1,111 @@
+/* Shared by the sm_90a GEMM kernels of the grouped backend (moe_prefill.cu: all warps load
+ * and compute; moe_prefill_ws.cu: a producer warpgroup loads, consumer warpgroups compute):
+ * the shared-memory stage layout, the decode of a warp's weights from a stage, and the FC1 /
+ * FC2 epilogues. Device code only. */
+#ifndef K3_MOE_PREFILL_CUH
+#define K3_MOE_PREFILL_CUH
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/moe_dev.cuh"
+#include "cuda/moe_wgmma.cuh"
+
+extern "C" {
+#include "base/base.h"
+}
+
+#define WG_KS 64      /* k per shared-memory stage: half a weight unit */
+#define WG_WBYTES 640 /* per warp and stage: 512 B of codes (half a unit) + the unit's scales (<= 128 B) */
+
+/* Shared-memory layout of one stage: the activations, part (hi, lo) x [TN / 8 row groups of
+ * 1024 B] x [8 k-groups of 128 B] x [8 rows of 16 B] (core matrices K-adjacent at 128 B = lbo,
+ * N-adjacent at 1024 B = sbo), then each warp's weights. */
+__host__ __device__ constexpr int wg_part_bytes(int tn) { return tn * WG_KS * 2; }
+__host__ __device__ constexpr int wg_stage_bytes(int tn) { return 2 * wg_part_bytes(tn) + 8 * WG_WBYTES; }
+
+/* The A fragments of the four 16-k steps of half h (a compile-time constant) of a unit from
+ * this warp's weights in buffer buf (32-bit shared addresses keep the hot loop's registers
+ * down: at 128 per thread, two CTAs fit on an SM). */
+template <int FMT, int TN>
+__device__ __forceinline__ void wg_decode(uint32_t sbase, int buf, int h, int warp, int lane, uint32_t a[4][4]) {
+    const uint32_t wd = sbase + buf * wg_stage_bytes(TN) + 2 * wg_part_bytes(TN) + warp * WG_WBYTES;
+    const uint4 w = lds128(wd + lane * 16);
+    uint4 sc;
+    if (FMT == FMT_NV) {
+        sc = lds128(wd + 512 + (lane >> 2) * 16);
+    } else {
+        uint2 t = lds64(wd + 512 + (lane >> 2) * 8);
+        sc = make_uint4(t.x, t.y, 0, 0);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        if (h) decode_step<FMT>(w, w, sc, 4 + ks, a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+        else decode_step<FMT>(w, w, sc, ks, a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+    }
+}
+
+/* The 8 products of one 64-k stage in slot descriptor d0: per 16-k step KS (at 2 x 128 B) the
+ * hi part and the lo part one part further, into the same accumulators. */
+template <int TN>
+__device__ __forceinline__ void wg_mma_stage(float acc[TN / 2], uint32_t a[4][4], uint64_t d0) {
+#define WG_MMA(KS)                                                                                   \
+    do {                                                                                             \
+        wgmma_tn<TN, KS * 256>(acc, a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0);                     \
+        wgmma_tn<TN, KS * 256 + wg_part_bytes(TN)>(acc, a[KS][0], a[KS][1], a[KS][2], a[KS][3], d0); \
+    } while (0)
+    WG_MMA(0);
+    WG_MMA(1);
+    WG_MMA(2);
+    WG_MMA(3);
+#undef WG_MMA
+}
+
+/* The epilogue of one 16-row tile mt (this warp's) x TN tokens of work item (e, p0, n):
+ * accumulator i holds row g + 8 ((i >> 1) & 1), item token 8 (i >> 2) + 2 q + (i & 1). FC1
+ * applies the activation and writes h and the per-position |h| max; FC2 writes unweighted rows
+ * per (token, slot). */
+template <int FMT, int ACT, int TN, int FC2>
+__device__ __forceinline__ void wg_epilogue(const MoeDev &m, const MoeRun &r, int e, int p0, int n, int mt, int g,
+                                            int q, const float acc[TN / 2]) {
+    if (FC2) {
+        const float fw = m.f2[e];
+#pragma unroll
+        for (int i = 0; i < TN / 2; i += 4)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = 2 * i + 2 * q + c;
+                if (j < n) {
+                    const float s = fw * r.hs[p0 + j];
+                    float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+                    o[0] = acc[i + c] * s;
+                    o[8] = acc[i + 2 + c] * s;
+                }
+            }
+    } else {
+        const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
+        const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
+        const float li = m.limit ? m.limit[e] : INFINITY;
+#pragma unroll
+        for (int i = 0; i < TN / 2; i += 4)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = 2 * i + 2 * q + c;
+                const bool ok = j < n;
+                const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
+                fc1_store<ACT>(m, r, p0 + j, ok, mt, g, acc[i + c], acc[i + 2 + c], fa, fb, xs, al, be, li);
+            }
+    }
+}
+
+/* Launches one of these GEMM kernels over (tiles / 8 row blocks) x (work items, at most 65535:
+ * the kernels loop over the rest) with its shared memory. */
+typedef void (*wg_kern_t)(MoeDev, MoeRun);
+static inline int wg_launch(wg_kern_t k, int tiles, int wmax, int threads, int smem, cudaStream_t st, const MoeDev &d,
+                            const MoeRun &r, const char *what, k3_error *err) {
+    K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid((tiles + 7) / 8, wmax < 65535 ? wmax : 65535);
+    k<<<grid, threads, smem, st>>>(d, r);
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, what, __FILE__, __LINE__);
+}
+
+#endif
