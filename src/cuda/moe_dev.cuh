@@ -498,6 +498,44 @@ __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 
     fc2_epi<NT>(m, r, wk, mt, lane, acc);
 }
 
+/* The epilogue of the wgmma tiles (moe_prefill.cu, moe_prefill_ws.cu): one 16-row tile mt
+ * (this warp's) x TN tokens of work item (e, p0, n):
+ * accumulator i holds row g + 8 ((i >> 1) & 1), item token 8 (i >> 2) + 2 q + (i & 1). FC1
+ * applies the activation and writes h and the per-position |h| max; FC2 writes unweighted rows
+ * per (token, slot). */
+template <int FMT, int ACT, int TN, int FC2>
+__device__ __forceinline__ void wg_epilogue(const MoeDev &m, const MoeRun &r, int e, int p0, int n, int mt, int g,
+                                            int q, const float acc[TN / 2]) {
+    if (FC2) {
+        const float fw = m.f2[e];
+#pragma unroll
+        for (int i = 0; i < TN / 2; i += 4)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = 2 * i + 2 * q + c;
+                if (j < n) {
+                    const float s = fw * r.hs[p0 + j];
+                    float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+                    o[0] = acc[i + c] * s;
+                    o[8] = acc[i + 2 + c] * s;
+                }
+            }
+    } else {
+        const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
+        const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
+        const float li = m.limit ? m.limit[e] : INFINITY;
+#pragma unroll
+        for (int i = 0; i < TN / 2; i += 4)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = 2 * i + 2 * q + c;
+                const bool ok = j < n;
+                const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
+                fc1_store<ACT>(m, r, p0 + j, ok, mt, g, acc[i + c], acc[i + 2 + c], fa, fb, xs, al, be, li);
+            }
+    }
+}
+
 /* h row of position p into the FC2 B layout. */
 __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
     float amax = __uint_as_float(r.hamax[p]);

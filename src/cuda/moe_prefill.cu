@@ -167,9 +167,8 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
                   k3_error *err) {
     const int ti = tn == 32 ? 0 : tn == 64 ? 1 : -1;
     if (ti < 0) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (32 or 64)", tn);
-    /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them (== d.m1 * 16) */
-    const int ai = (int)m->act - 1, smem = wg_smem_bytes(tn);
+    /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them */
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
-    kern_t k = fc2 ? wg_fc2_table[m->fmt][ti] : wg_fc1_table[m->fmt][ti][ai];
-    return wg_launch(k, tiles, wmax, WG_THREADS, smem, st, d, r, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
+    kern_t k = fc2 ? wg_fc2_table[m->fmt][ti] : wg_fc1_table[m->fmt][ti][(int)m->act - 1];
+    return wg_launch(k, tiles, wmax, WG_THREADS, wg_smem_bytes(tn), st, d, r, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
 }

@@ -1,7 +1,8 @@
 /* Shared by the sm_90a GEMM kernels of the grouped backend (moe_prefill.cu: all warps load
  * and compute; moe_prefill_ws.cu: a producer warpgroup loads, consumer warpgroups compute):
- * the shared-memory stage layout, the decode of a warp's weights from a stage, and the FC1 /
- * FC2 epilogues. Device code only. */
+ * the shared-memory stage layout, the decode of a warp's weights from a stage, the MMA issue of
+ * a stage and the launch. Their epilogue (wg_epilogue) sits with the mma.sync ones in
+ * moe_dev.cuh. */
 #ifndef K3_MOE_PREFILL_CUH
 #define K3_MOE_PREFILL_CUH
 
@@ -59,45 +60,8 @@ __device__ __forceinline__ void wg_mma_stage(float acc[TN / 2], uint32_t a[4][4]
 #undef WG_MMA
 }
 
-/* The epilogue of one 16-row tile mt (this warp's) x TN tokens of work item (e, p0, n):
- * accumulator i holds row g + 8 ((i >> 1) & 1), item token 8 (i >> 2) + 2 q + (i & 1). FC1
- * applies the activation and writes h and the per-position |h| max; FC2 writes unweighted rows
- * per (token, slot). */
-template <int FMT, int ACT, int TN, int FC2>
-__device__ __forceinline__ void wg_epilogue(const MoeDev &m, const MoeRun &r, int e, int p0, int n, int mt, int g,
-                                            int q, const float acc[TN / 2]) {
-    if (FC2) {
-        const float fw = m.f2[e];
-#pragma unroll
-        for (int i = 0; i < TN / 2; i += 4)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int j = 2 * i + 2 * q + c;
-                if (j < n) {
-                    const float s = fw * r.hs[p0 + j];
-                    float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
-                    o[0] = acc[i + c] * s;
-                    o[8] = acc[i + 2 + c] * s;
-                }
-            }
-    } else {
-        const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
-        const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
-        const float li = m.limit ? m.limit[e] : INFINITY;
-#pragma unroll
-        for (int i = 0; i < TN / 2; i += 4)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int j = 2 * i + 2 * q + c;
-                const bool ok = j < n;
-                const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
-                fc1_store<ACT>(m, r, p0 + j, ok, mt, g, acc[i + c], acc[i + 2 + c], fa, fb, xs, al, be, li);
-            }
-    }
-}
-
-/* Launches one of these GEMM kernels over (tiles / 8 row blocks) x (work items, at most 65535:
- * the kernels loop over the rest) with its shared memory. */
+/* Launches one of these GEMM kernels over (16-row tiles / 8 row blocks) x (work items, at most
+ * 65535: the kernels loop over the rest) with its shared memory. */
 typedef void (*wg_kern_t)(MoeDev, MoeRun);
 static inline int wg_launch(wg_kern_t k, int tiles, int wmax, int threads, int smem, cudaStream_t st, const MoeDev &d,
                             const MoeRun &r, const char *what, k3_error *err) {

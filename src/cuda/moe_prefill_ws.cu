@@ -168,7 +168,7 @@ static const kern_t ws_fc2_table[2] = {k_ws<FMT_NV, K3_ACT_IDENTITY, 1>, k_ws<FM
 int moe_ws_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int wmax, cudaStream_t st,
                   k3_error *err) {
     /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them */
-    const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16), smem = ws_smem_bytes();
+    const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
     kern_t k = fc2 ? ws_fc2_table[m->fmt] : ws_fc1_table[m->fmt][(int)m->act - 1];
-    return wg_launch(k, tiles, wmax, WS_THREADS, smem, st, d, r, fc2 ? "k_ws<fc2><<<>>>" : "k_ws<fc1><<<>>>", err);
+    return wg_launch(k, tiles, wmax, WS_THREADS, ws_smem_bytes(), st, d, r, fc2 ? "k_ws<fc2><<<>>>" : "k_ws<fc1><<<>>>", err);
 }
