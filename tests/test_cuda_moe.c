@@ -23,6 +23,7 @@
 
 #include "cuda/k3_cuda.h"
 #include "cuda_skip.h"
+#include "formats/fp.h"
 #include "moe/moe.h"
 
 /* ---- environment --------------------------------------------------------------------------- */
@@ -161,14 +162,6 @@ static void make_routing(int T, int k, int E, int how, int32_t *ids, float *w) {
  * activation rows as a bf16 model feeds them). */
 static int bf16_inputs;
 
-static float round_bf16(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
 static double run_case(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode mode, int T, int k, int how,
                        float **y_out, double **ref_out) {
     const int H = m->ex.hidden;
@@ -177,7 +170,7 @@ static double run_case(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode
     double *ref = malloc(sizeof(double) * T * H);
     for (int i = 0; i < T * H; i++) {
         x[i] = (float)((urand() * 2 - 1) * (0.5 + 2 * urand()));
-        if (bf16_inputs) x[i] = round_bf16(x[i]);
+        if (bf16_inputs) x[i] = k3_bf16_to_f32(k3_f32_to_bf16(x[i]));
     }
     make_routing(T, k, m->ex.n_experts, how, ids, w);
     for (int i = 0; i < T * H; i++) y[i] = NAN;

@@ -416,23 +416,25 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
     }
 }
 
-/* FC1 for work item wk = (expert, first position, tokens) and 16-row tile mt; writes h and
- * the per-position |h| max. */
-/* FC1 accumulators of tile mt over k-chunks [c0, c1). */
-template <int FMT, int NT>
-__device__ __forceinline__ void fc1_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
-                                        int lane, float acc[NT][4]) {
+/* Accumulators of 16-row tile mt over k-chunks [c0, c1) for work item wk = (expert, first
+ * position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. */
+template <int FMT, int NT, int FC2>
+__device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1, int lane,
+                                         float acc[NT][4]) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
     for (int f = 0; f < NT; f++) {
         int j = 4 * f + (lane >> 3);
-        brow[f] = j < n ? r.sorted_tok[p0 + j] : -1;
+        brow[f] = j < n ? (FC2 ? p0 + j : r.sorted_tok[p0 + j]) : -1;
     }
-    const size_t tile = (size_t)e * m.m1 + mt;
-    gemm_tile<FMT, NT>(m.w1 + tile * m.nk1 * 64, m.s1 + tile * m.nk1 * SB, m.nk1, c0, c1, r.xq, brow, lane, acc);
+    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
+    const size_t tile = (size_t)e * mtiles + mt;
+    gemm_tile<FMT, NT>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB, nk, c0, c1,
+                       FC2 ? r.hq : r.xq, brow, lane, acc);
 }
 
+/* FC1 epilogue: the activation, h and the per-position |h| max. */
 template <int FMT, int ACT, int NT>
 __device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
                                         float acc[NT][4]) {
@@ -454,25 +456,11 @@ __device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 w
 template <int FMT, int ACT, int NT>
 __device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
     float acc[NT][4];
-    fc1_mma<FMT, NT>(m, r, wk, mt, 0, m.nk1, lane, acc);
+    tile_mma<FMT, NT, 0>(m, r, wk, mt, 0, m.nk1, lane, acc);
     fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
 }
 
-/* FC2 for work item wk and 16-row tile mt of H: part[slot][row] = unweighted expert output. */
-template <int FMT, int NT>
-__device__ __forceinline__ void fc2_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
-                                        int lane, float acc[NT][4]) {
-    const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    int brow[NT];
-#pragma unroll
-    for (int f = 0; f < NT; f++) {
-        int j = 4 * f + (lane >> 3);
-        brow[f] = j < n ? p0 + j : -1;
-    }
-    const size_t tile = (size_t)e * m.m2 + mt;
-    gemm_tile<FMT, NT>(m.w2 + tile * m.nk2 * 64, m.s2 + tile * m.nk2 * SB, m.nk2, c0, c1, r.hq, brow, lane, acc);
-}
-
+/* FC2 epilogue: part[slot][row] = unweighted expert output. */
 template <int NT>
 __device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
                                         float acc[NT][4]) {
@@ -494,7 +482,7 @@ __device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 w
 template <int FMT, int NT>
 __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
     float acc[NT][4];
-    fc2_mma<FMT, NT>(m, r, wk, mt, 0, m.nk2, lane, acc);
+    tile_mma<FMT, NT, 1>(m, r, wk, mt, 0, m.nk2, lane, acc);
     fc2_epi<NT>(m, r, wk, mt, lane, acc);
 }
 

@@ -96,30 +96,21 @@ __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
     }
 }
 
-template <int FMT, int ACT, int NT>
-__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc1(MoeDev m, MoeRun r) {
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tiles). */
+template <int FMT, int ACT, int NT, int FC2>
+__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     __shared__ float red[WARPS][NT * 4][32];
     const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
-    const bool active = wi < r.ctl[1] && mt < m.m1;
+    const bool active = wi < r.ctl[1] && mt < (FC2 ? m.m2 : m.m1);
     int c0, c1;
-    ksplit_range(m.nk1, &c0, &c1);
+    ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
     float acc[NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
-    if (active) fc1_mma<FMT, NT>(m, r, wk, mt, c0, c1, lane, acc);
-    if (ksplit_reduce<NT>(acc, active, red)) fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
-}
-
-template <int FMT, int NT>
-__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc2(MoeDev m, MoeRun r) {
-    __shared__ float red[WARPS][NT * 4][32];
-    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
-    const bool active = wi < r.ctl[1] && mt < m.m2;
-    int c0, c1;
-    ksplit_range(m.nk2, &c0, &c1);
-    float acc[NT][4];
-    int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
-    if (active) fc2_mma<FMT, NT>(m, r, wk, mt, c0, c1, lane, acc);
-    if (ksplit_reduce<NT>(acc, active, red)) fc2_epi<NT>(m, r, wk, mt, lane, acc);
+    if (active) tile_mma<FMT, NT, FC2>(m, r, wk, mt, c0, c1, lane, acc);
+    if (ksplit_reduce<NT>(acc, active, red)) {
+        if (FC2) fc2_epi<NT>(m, r, wk, mt, lane, acc);
+        else fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
+    }
 }
 
 __global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
@@ -180,7 +171,7 @@ typedef void (*kern_t)(MoeDev, MoeRun);
     X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
         X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
         X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
-#define FC1K(F, A, N) (kern_t)k_fc1<F, A, N>
+#define FC1K(F, A, N) (kern_t)k_fc<F, A, N, 0>
 #define FUSK(F, A, N) (kern_t)k_fused<F, A>
 
 /* [fmt][nt index][act - 1] */
@@ -188,9 +179,10 @@ static const kern_t fc1_table[2][3][9] = {
     {{ACTS(FC1K, FMT_NV, 1)}, {ACTS(FC1K, FMT_NV, 2)}, {ACTS(FC1K, FMT_NV, 4)}},
     {{ACTS(FC1K, FMT_MX, 1)}, {ACTS(FC1K, FMT_MX, 2)}, {ACTS(FC1K, FMT_MX, 4)}},
 };
+#define FC2K(F, N) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1>
 static const kern_t fc2_table[2][3] = {
-    {k_fc2<FMT_NV, 1>, k_fc2<FMT_NV, 2>, k_fc2<FMT_NV, 4>},
-    {k_fc2<FMT_MX, 1>, k_fc2<FMT_MX, 2>, k_fc2<FMT_MX, 4>},
+    {FC2K(FMT_NV, 1), FC2K(FMT_NV, 2), FC2K(FMT_NV, 4)},
+    {FC2K(FMT_MX, 1), FC2K(FMT_MX, 2), FC2K(FMT_MX, 4)},
 };
 static const kern_t fused_table[2][9] = {{ACTS(FUSK, FMT_NV, 0)}, {ACTS(FUSK, FMT_MX, 0)}};
 
@@ -237,13 +229,17 @@ extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err
     return K3_OK;
 }
 
+/* Upper bound on the work items (expert, <= tn tokens) the dispatch makes from S slots: one
+ * partial item per touched expert plus the full ones. */
+static int work_items_max(int S, int n_local, int tn) { return (S < n_local ? S : n_local) + S / tn + 1; }
+
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
 static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     const MoeDev *d = &m->d;
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
-    const size_t wmax = (S < (size_t)d->n_local ? S : (size_t)d->n_local) + S / tn + 1;
+    const size_t wmax = (size_t)work_items_max(T * k, d->n_local, tn);
     size_t sz[11] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
                      wmax * 16, 64};
     size_t tot = 0, off[11];
@@ -272,15 +268,18 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     r->work = (int4 *)(b + off[9]);
     r->ctl = (int *)(b + off[10]);
     r->bar = m->bar;
-    (void)wmax;
     return K3_OK;
 }
 
-static int pick_nt(const k3_cuda_moe *m, int T, int k) {
-    /* tokens per touched expert under uniform routing */
+/* Tokens per touched local expert under uniform routing: what the tile choices key on. */
+static double tokens_per_expert(const k3_cuda_moe *m, int T, int k) {
     double E = m->d.n_experts, S = (double)T * k;
     double touched = m->d.n_local * (1.0 - pow(1.0 - (double)k / E, T));
-    double per = touched > 0 ? S * m->d.n_local / E / touched : 1;
+    return touched > 0 ? S * m->d.n_local / E / touched : 1;
+}
+
+static int pick_nt(const k3_cuda_moe *m, int T, int k) {
+    double per = tokens_per_expert(m, T, k);
     return per <= 4 ? 1 : per <= 8 ? 2 : 4;
 }
 
@@ -295,9 +294,7 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k) {
 static int pick_wg(const k3_cuda_moe *m, int T, int k) {
     if (!m->wg_ok || m->force_wg < 0) return 0;
     if (m->force_wg > 0) return m->force_wg; /* tokens per tile */
-    double E = m->d.n_experts, S = (double)T * k;
-    double touched = m->d.n_local * (1.0 - pow(1.0 - (double)k / E, T));
-    double per = touched > 0 ? S * m->d.n_local / E / touched : 1;
+    double per = tokens_per_expert(m, T, k);
     return per < WG_MIN_TOKENS_PER_EXPERT ? 0 : per < WG_64_TOKENS_PER_EXPERT ? 32 : 64;
 }
 
@@ -333,7 +330,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
-        const int S = T * k, wmax = (S < d.n_local ? S : d.n_local) + S / tn + 1;
+        const int S = T * k, wmax = work_items_max(S, d.n_local, tn);
         int sm = dispatch_smem(m);
         if (!m->prep_attr_set) {
             K3_CUDA_TRY(err, cudaFuncSetAttribute(k_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
@@ -354,7 +351,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         } else
             fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
-        if (launch_check(err, "k_fc1<<<>>>")) return err->status;
+        if (launch_check(err, "k_fc<fc1><<<>>>")) return err->status;
         k_hconv<<<S, 128, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
@@ -364,7 +361,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         } else
             fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
-        if (launch_check(err, "k_fc2<<<>>>")) return err->status;
+        if (launch_check(err, "k_fc<fc2><<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[5], st);
         return launch_check(err, "k_finalize<<<>>>");

@@ -109,6 +109,21 @@ static inline const uint8_t *row_scale(const k3_qmat *m, int64_t r) {
     return m->scale ? (const uint8_t *)m->scale + r * scale_cols(m) : NULL;
 }
 
+/* The FC1 rows of outputs i..i+m-1 of expert E in the order the rows kernel takes them (w1 and,
+ * when gated, w3 of each output in turn); returns how many rows. */
+static int fc1_rows(const k3_expert *E, bool gated, int64_t i, int m, const uint8_t **qs, const uint8_t **ss) {
+    int n = 0;
+    for (int j = 0; j < m; j++) {
+        qs[n] = row_data(&E->w1, i + j);
+        ss[n++] = row_scale(&E->w1, i + j);
+        if (gated) {
+            qs[n] = row_data(&E->w3, i + j);
+            ss[n++] = row_scale(&E->w3, i + j);
+        }
+    }
+    return n;
+}
+
 static float out_scale(const k3_qmat *m) { return m->fmt == K3_WFMT_NVFP4 ? m->global_scale : 1.0f; }
 
 /* One activation row (natural order, n long) into the kernel layout, through the
@@ -176,15 +191,7 @@ static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
             for (int64_t i = i0; i < i1; i += per) {
                 const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR];
                 float v[K3_CPU_NR];
-                int n = 0, m = (int)(i1 - i < per ? i1 - i : per);
-                for (int j = 0; j < m; j++) {
-                    qs[n] = row_data(&E->w1, i + j);
-                    ss[n++] = row_scale(&E->w1, i + j);
-                    if (p->gated) {
-                        qs[n] = row_data(&E->w3, i + j);
-                        ss[n++] = row_scale(&E->w3, i + j);
-                    }
-                }
+                int m = (int)(i1 - i < per ? i1 - i : per), n = fc1_rows(E, p->gated, i, m, qs, ss);
                 p->rows(qs, ss, n, p->H, xr, v, NULL, NULL);
                 for (int j = 0; j < m; j++) {
                     float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
@@ -271,15 +278,8 @@ static int fc1_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const 
     int a = (int)(pass / ppe);
     int64_t i = (pass % ppe) * per;
     const k3_expert *E = &p->ex->e[p->act_e[a]];
-    int m = (int)(p->I - i < per ? p->I - i : per), n = 0;
-    for (int j = 0; j < m; j++) {
-        qs[n] = row_data(&E->w1, i + j);
-        ss[n++] = row_scale(&E->w1, i + j);
-        if (p->gated) {
-            qs[n] = row_data(&E->w3, i + j);
-            ss[n++] = row_scale(&E->w3, i + j);
-        }
-    }
+    int m = (int)(p->I - i < per ? p->I - i : per);
+    fc1_rows(E, p->gated, i, m, qs, ss);
     *a_out = a;
     *i_out = i;
     return m;
