@@ -35,7 +35,7 @@ LIB_C  := $(filter-out src/cuda/cuda_absent.c,$(LIB_C))
 CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Iinclude -Xcompiler -fPIC,-Wall \
-           --resource-usage -lineinfo -MMD -MP
+           --resource-usage -lineinfo --compress-mode=size -MMD -MP
 else
 CU_OBJ :=
 endif

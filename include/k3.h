@@ -241,7 +241,7 @@ int k3_quantize_checkpoint(const k3_quantize_opts *opts, k3_error *err);
 typedef struct k3_bench_moe_opts {
     const char *backend;   /* "cpu" (default), "ref", "cuda", "cuda-fused" */
     const char *format;    /* "nvfp4" (default), "mxfp4", "bf16" */
-    const char *mode;      /* "w4a16" (default), "w4a4" (nvfp4), "w4a8" (mxfp4) */
+    const char *mode;      /* "w4a16" (default), "w4a4" (nvfp4), "w4a8" (mxfp4), "w4a16-bf16" */
     const char *isa;       /* cpu backend: "auto" (default), "scalar", "avx2", "avx512" */
     int n_experts, top_k, hidden, inter; /* 0: the Kimi K3 layer 896, 16, 3584, 3072 */
     int experts_built;     /* distinct experts in memory (routing uses only these);

@@ -7,7 +7,12 @@
  * bound; the GPU adds only fp32 accumulation in another order, split-K partial sums, and the
  * ~2^-22 two-term fp16 split of activations); w4a4 1e-3 (activation codes are bit-identical
  * except where fp32 accumulation order moves an h value across an E2M1 rounding boundary,
- * which flips one code). Outputs are poisoned with NaN before every run. Expert bytes are
+ * which flips one code); w4a16-bf16 1e-3, the CPU fast path's per-run bound (x is rounded to
+ * bf16 identically on both sides, but act(h) is computed in fp32 on the GPU and in float64 by
+ * the reference before its bf16 rounding, so a rare h value lands one bf16 ulp (2^-8 relative)
+ * away; at small T one such flip alone costs up to ~4e-4, test_moe_cpu.c. Not rounding h at all
+ * gives ~1.6e-3, not rounding anything ~2.7e-3: the bound tells those apart). Outputs are
+ * poisoned with NaN before every run. Expert bytes are
  * random codes with random scales (NVFP4 including E4M3 subnormal and large scales; MXFP4
  * with an all-zero block of exponent 2^-127). On a machine without a GPU every test skips
  * with a line saying so. */
@@ -160,6 +165,10 @@ static void make_routing(int T, int k, int E, int how, int32_t *ids, float *w) {
 
 /* Inputs: fp32 (every element has a non-zero lo term) or bf16-valued (lo terms zero: the
  * activation rows as a bf16 model feeds them). */
+static double mode_bound(k3_act_mode mode) {
+    return mode == K3_MODE_W4A4 || mode == K3_MODE_W4A16_BF16 ? 1e-3 : 1e-5;
+}
+
 static int bf16_inputs;
 
 static double run_case(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode mode, int T, int k, int how,
@@ -201,7 +210,7 @@ static void check_combo(k3_wfmt fmt, k3_act act, k3_act_mode mode, const int *Ts
     int rc = k3_cuda_moe_create(&m.ex, &cm, &err);
     if (rc) fprintf(stderr, "create: %s\n", err.msg);
     assert_int_equal(rc, K3_OK);
-    const double bound = mode == K3_MODE_W4A4 ? 1e-3 : 1e-5;
+    const double bound = mode_bound(mode);
     for (int b = 0; b < (fused_too ? 2 : 1); b++)
         for (int i = 0; i < nT; i++) {
             int T = Ts[i], k = T >= 4096 ? 2 : 4;
@@ -214,9 +223,8 @@ static void check_combo(k3_wfmt fmt, k3_act act, k3_act_mode mode, const int *Ts
                 continue;
             }
             double r = run_case(&m, cm, (k3_cuda_backend)b, mode, T, k, ROUTE_RANDOM, NULL, NULL);
-            printf("  %-10s %-5s %-11s %-5s T=%-5d relL2 %.3g (bound %g)\n", b ? "cuda-fused" : "cuda",
-                   fmt == K3_WFMT_NVFP4 ? "nvfp4" : "mxfp4", act_names[act], mode == K3_MODE_W4A4 ? "w4a4" : "w4a16", T, r,
-                   bound);
+            printf("  %-10s %-5s %-11s %-10s T=%-5d relL2 %.3g (bound %g)\n", b ? "cuda-fused" : "cuda",
+                   fmt == K3_WFMT_NVFP4 ? "nvfp4" : "mxfp4", act_names[act], k3_act_mode_name(mode), T, r, bound);
             assert_true(r <= bound);
         }
     k3_cuda_moe_free(cm);
@@ -257,9 +265,44 @@ static void test_w4a4_nvfp4(void **s) {
     check_combo(K3_WFMT_NVFP4, K3_ACT_SITU, K3_MODE_W4A4, Tb, 1, 0);
 }
 
-/* The sm_90a wgmma GEMM paths pinned (32 and 64 tokens per tile; 128 = the warp-specialized
- * kernel), against the reference:
- * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4;
+/* w4a16-bf16 (one fp16 term per activation in the grouped kernels, two in the fused one):
+ * every T through the automatic path choice, both formats, gated and plain activations; then
+ * the mma.sync path pinned so that each one-term tile width (8, 16, 32 tokens) runs, with
+ * w4a4 (also one term) beside it. */
+static void test_w4a16_bf16(void **s) {
+    (void)s;
+    NEED_GPU();
+    for (int f = 0; f < 2; f++) {
+        k3_wfmt fmt = f ? K3_WFMT_MXFP4 : K3_WFMT_NVFP4;
+        check_combo(fmt, K3_ACT_SITU, K3_MODE_W4A16_BF16, T_all, 5, 1);
+        check_combo(fmt, K3_ACT_RELU2, K3_MODE_W4A16_BF16, T_small, 3, 1);
+        model m;
+        rng_state = 7000 + f;
+        model_make(&m, 32, 0, 32, 384, 256, fmt, K3_ACT_SWIGLU);
+        k3_cuda_moe *cm = NULL;
+        k3_error err = {0};
+        assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_OK);
+        assert_int_equal(k3_cuda_moe_set_gemm_path(cm, -1, &err), K3_OK);
+        static const int Ts[] = {16, 77, 255}; /* ~2, ~10, ~32 tokens per expert at top-4 */
+        for (int modei = 0; modei < (f ? 1 : 2); modei++)
+            for (int i = 0; i < 3; i++) {
+                k3_act_mode mode = modei ? K3_MODE_W4A4 : K3_MODE_W4A16_BF16;
+                double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
+                printf("  mma.sync %s swiglu %-10s T=%-4d relL2 %.3g (bound %g)\n", f ? "mxfp4" : "nvfp4",
+                       k3_act_mode_name(mode), Ts[i], r, mode_bound(mode));
+                assert_true(r <= mode_bound(mode));
+            }
+        double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16_BF16, 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
+        printf("  mma.sync %s swiglu w4a16-bf16 all tokens on one expert T=300 k=1 relL2 %.3g\n", f ? "mxfp4" : "nvfp4", r);
+        assert_true(r <= mode_bound(K3_MODE_W4A16_BF16));
+        k3_cuda_moe_free(cm);
+        model_free(&m);
+    }
+}
+
+/* The sm_90a wgmma GEMM paths pinned (32 and 64 tokens per tile), against the reference:
+ * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4 and
+ * w4a16-bf16 (one term);
  * T from one token to several tiles per expert, all tokens on one expert (items split at the
  * tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
 static void test_wgmma_path(void **s) {
@@ -287,29 +330,32 @@ static void test_wgmma_path(void **s) {
                 return;
             }
             assert_int_equal(rc, K3_OK);
-            for (int tn = 32; tn <= 128; tn *= 2) {
+            /* modes: w4a16 (fp32 and bf16-valued x), w4a16-bf16, w4a4 (NVFP4 only) */
+            static const k3_act_mode modes[] = {K3_MODE_W4A16, K3_MODE_W4A16, K3_MODE_W4A16_BF16, K3_MODE_W4A4};
+            for (int tn = 32; tn <= 64; tn *= 2) {
                 assert_int_equal(k3_cuda_moe_set_gemm_path(cm, tn, &err), K3_OK);
-                for (int modei = 0; modei < (f ? 1 : 2); modei++)
-                    for (int bf = 0; bf < (modei ? 1 : 2); bf++)
-                        for (int i = 0; i < 4; i++) {
-                            k3_act_mode mode = modei ? K3_MODE_W4A4 : K3_MODE_W4A16;
-                            const double bound = modei ? 1e-3 : 1e-5;
-                            bf16_inputs = bf;
-                            double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
-                            bf16_inputs = 0;
-                            printf("  wgmma %d %s %-11s %-5s %s T=%-4d relL2 %.3g (bound %g)\n", tn,
-                                   f ? "mxfp4" : "nvfp4", act_names[acts[a]], modei ? "w4a4" : "w4a16",
-                                   bf ? "bf16-x" : "f32-x ", Ts[i], r, bound);
-                            assert_true(r <= bound);
-                            ran++;
-                        }
-                double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16, 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
-                printf("  wgmma %d %s %-11s all tokens on one expert T=300 k=1 relL2 %.3g\n", tn,
-                       f ? "mxfp4" : "nvfp4", act_names[acts[a]], r);
-                assert_true(r <= 1e-5);
+                for (int mi = 0; mi < (f ? 3 : 4); mi++)
+                    for (int i = 0; i < 4; i++) {
+                        const k3_act_mode mode = modes[mi];
+                        bf16_inputs = mi == 1;
+                        double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
+                        bf16_inputs = 0;
+                        printf("  wgmma %d %s %-11s %-10s %s T=%-4d relL2 %.3g (bound %g)\n", tn,
+                               f ? "mxfp4" : "nvfp4", act_names[acts[a]], k3_act_mode_name(mode),
+                               mi == 1 ? "bf16-x" : "f32-x ", Ts[i], r, mode_bound(mode));
+                        assert_true(r <= mode_bound(mode));
+                        ran++;
+                    }
+                for (int mi = 0; mi < 3; mi += 2) {
+                    double r = run_case(&m, cm, K3_CUDA_GROUPED, modes[mi], 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
+                    printf("  wgmma %d %s %-11s %-10s all tokens on one expert T=300 k=1 relL2 %.3g\n", tn,
+                           f ? "mxfp4" : "nvfp4", act_names[acts[a]], k3_act_mode_name(modes[mi]), r);
+                    assert_true(r <= mode_bound(modes[mi]));
+                }
             }
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 8, &err), K3_ERR_ARG);
+            assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 128, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 256, &err), K3_ERR_ARG);
             k3_cuda_moe_free(cm);
             model_free(&m);
@@ -529,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4_situ_all_T),
         cmocka_unit_test(test_activations_both_formats),
         cmocka_unit_test(test_w4a4_nvfp4),
+        cmocka_unit_test(test_w4a16_bf16),
         cmocka_unit_test(test_all_tokens_one_expert_and_empty_experts),
         cmocka_unit_test(test_ep_rank_subsets),
         cmocka_unit_test(test_wgmma_path),

@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "      --tokens LIST      token counts (default 1,8,64,256,2048)\n"
             "      --backend NAME     cpu | ref | cuda | cuda-fused (default cpu)\n"
             "      --format NAME      nvfp4 | mxfp4 | bf16 (default nvfp4)\n"
-            "      --act MODE         w4a16 | w4a4 | w4a8 (default w4a16)\n"
+            "      --act MODE         w4a16 | w4a4 | w4a8 | w4a16-bf16 (default w4a16)\n"
             "      --isa NAME         auto | scalar | avx2 | avx512 (default auto)\n"
             "      --experts N        experts built in memory (default: as many as fit --mem-gib)\n"
             "      --mem-gib G        memory for expert weights (default 6)\n"

@@ -48,7 +48,7 @@ static void usage(FILE *f) {
             "      --seed S         seed for --random                              (default 0)\n"
             "      --out FILE       output: y F32, topk_ids I32, topk_weights F32\n"
             "      --backend B      ref | cpu | cuda | cuda-fused                (default ref)\n"
-            "      --act M          w4a16 | w4a4 | w4a8                        (default w4a16)\n"
+            "      --act M          w4a16 | w4a4 | w4a8 | w4a16-bf16           (default w4a16)\n"
             "      --ep-size R      expert-parallel ranks                          (default 1)\n"
             "      --ep-rank r      run only rank r (needs --experts-only)  (default: all ranks)\n"
             "      --experts-only   x is the latent; routing comes from the input file\n"

@@ -64,17 +64,18 @@ int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode,
  * non-local, never read out of bounds), d_w float [T, k], d_y float [T, H] fully
  * overwritten. Asynchronous on stream (a cudaStream_t, NULL = default stream).
  * Modes: K3_MODE_W4A16 (fp32 activations carried as two fp16 terms: exact to ~2^-22 per
- * element) and K3_MODE_W4A4 (NVFP4 experts only; activations quantized to NVFP4 per 16
- * with g1 = 1/max w1.input_scale and g2 = 1/max w2.input_scale, TensorRT-LLM's rule). */
+ * element), K3_MODE_W4A16_BF16 (x and act(h) rounded to bf16, one fp16 term: half the
+ * tensor-core work and activation traffic of w4a16 in the grouped backend) and K3_MODE_W4A4
+ * (NVFP4 experts only; activations quantized to NVFP4 per 16 with g1 = 1/max w1.input_scale
+ * and g2 = 1/max w2.input_scale, TensorRT-LLM's rule; one term as well). */
 int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *d_x, int T,
                     const int32_t *d_ids, const float *d_w, int k, float *d_y, void *stream,
                     k3_error *err);
 
 /* The grouped backend's GEMM path: -1 always mma.sync tiles, 0 automatic, 32 / 64 always
- * the sm_90a wgmma tiles of that many tokens, 128 the warp-specialized sm_90a kernel with
- * 128-token tiles (never chosen automatically: not yet measured on a GPU) (K3_ERR_UNSUPPORTED where the binary or
- * the device has no sm_90a kernels). Both paths compute the same contract; tests and
- * benchmarks pin one. */
+ * the sm_90a wgmma tiles of that many tokens (K3_ERR_UNSUPPORTED where the binary or the
+ * device has no sm_90a kernels; K3_ERR_ARG for other values). Both paths compute the same
+ * contract; tests and benchmarks pin one. */
 int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err);
 
 /* The same on host arrays (copies in, runs, copies out, synchronizes). Validates every id
@@ -111,7 +112,7 @@ typedef struct k3_cuda_bench_opts {
     uint64_t seed;
     int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
     int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the grouped kernels; 0 = automatic */
-    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
+    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
 } k3_cuda_bench_opts;
 

@@ -71,19 +71,22 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
     k3_cuda_bench *b = (k3_cuda_bench *)calloc(1, sizeof *b);
     if (!b) return k3_fail(err, K3_ERR_NOMEM, "cuda bench");
     b->o = *o;
-    if (o->tokens_per_tile != 0 && o->tokens_per_tile != 4 && o->tokens_per_tile != 8 && o->tokens_per_tile != 16) {
+    /* an mma.sync fragment holds 4 tokens with two fp16 terms (w4a16), 8 with one */
+    const int per_frag = o->mode == K3_MODE_W4A16 ? 4 : 8, nt = o->tokens_per_tile / per_frag;
+    if (o->tokens_per_tile != 0 && (o->tokens_per_tile % per_frag || (nt != 1 && nt != 2 && nt != 4))) {
         free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: tokens_per_tile %d (expected 0, 4, 8 or 16)", o->tokens_per_tile);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: tokens_per_tile %d (expected 0 or %d, %d, %d in mode %s)",
+                       o->tokens_per_tile, per_frag, 2 * per_frag, 4 * per_frag, k3_act_mode_name(o->mode));
     }
-    b->m.force_nt = o->tokens_per_tile / 4;
+    b->m.force_nt = nt;
     if (o->k_splits < 0 || o->k_splits > 2) {
         free(b);
         return k3_fail(err, K3_ERR_ARG, "cuda bench: k_splits %d (expected 0, 1 or 2)", o->k_splits);
     }
     b->m.force_ks = o->k_splits;
-    if (o->wgmma < -1 || (o->wgmma > 0 && o->wgmma != 32 && o->wgmma != 64 && o->wgmma != 128)) {
+    if (o->wgmma < -1 || (o->wgmma > 0 && o->wgmma != 32 && o->wgmma != 64)) {
         free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32, 64 or 128)", o->wgmma);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32 or 64)", o->wgmma);
     }
     b->m.force_wg = o->wgmma;
     const int mx = o->fmt == K3_WFMT_MXFP4;

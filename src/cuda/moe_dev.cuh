@@ -8,15 +8,21 @@
  * exactly by cvt.f16x2.e4m3x2) gives code * scale * 2^-14 exactly: at most 6 significant
  * bits, never below 2^-24. The FP32 tensor scale and the 2^14 come back in the epilogue.
  * MXFP4 block exponents are re-based per matrix into E4M3 powers of two (2^-9..2^8) at
- * upload, so both formats share one decode. Activations are fp32 in the contract; they
+ * upload, so both formats share one decode. Activations are fp32 in the w4a16 contract; they
  * enter the MMA as two fp16 terms hi + lo of the row scaled by a power of two (amax in
  * [2^14, 2^15)), which carries ~22 significant bits: the w4a16 result differs from the
- * float64 reference only by fp32 accumulation. The mma.sync m16n8k16 tile loop here serves
+ * float64 reference only by fp32 accumulation. In w4a16-bf16 the rows are rounded to bf16
+ * first and in w4a4 they are NVFP4 values: one fp16 term holds them (a bf16 value scaled that
+ * way is exact in fp16 unless it lies below 2^-31 of the row's max, where the fp16 subnormal
+ * grid rounds it: an error under 2^-39 of the max), so those modes issue one product per
+ * weight instead of two (template parameter NP = terms per activation, 1 or 2). The
+ * mma.sync m16n8k16 tile loop here serves
  * the decode sizes and the fused backend; moe_prefill.cu reuses the decode (decode_step) for
  * the sm_90a wgmma tiles of larger batches. */
 #ifndef K3_MOE_DEV_CUH
 #define K3_MOE_DEV_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <math.h>
@@ -49,7 +55,8 @@ struct MoeDev {
 
 /* One run's device views. Positions p index the expert-sorted local (token, slot) pairs. */
 struct MoeRun {
-    int T, k, mode, tn;            /* tn: tokens per work item (4 * NT) */
+    int T, k, mode, tn;            /* tn: tokens per work item (4 * NT * (3 - np) on mma.sync) */
+    int np;                        /* fp16 terms per activation the GEMMs read: 2 (hi, lo) or 1 */
     const float *x;                /* [T][H] */
     const int32_t *ids;            /* [T][k] */
     const float *rw;               /* [T][k] */
@@ -162,12 +169,14 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
 /* ---- the tile loop: one warp, 16 weight rows x (NT * 4 tokens) over all of K ---------- */
 
 /* brow[f]: B row (token or position) of this lane's column in fragment f, -1 if none.
- * Accumulators: acc[f][0..1] = (hi, lo) of row g for token 4f + q, acc[f][2..3] row g + 8. */
-template <int FMT, int NT>
+ * Accumulators (NP = 2): acc[f][0..1] = (hi, lo) of row g for token 4f + q, acc[f][2..3] row
+ * g + 8; the 8 columns of a fragment are 4 tokens x (hi, lo). NP = 1: a fragment is 8 tokens
+ * and acc[f][c] is token 8f + 2q + (c & 1), row g + 8 (c >> 1). */
+template <int FMT, int NT, int NP>
 __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
                                           int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
                                           int lane, float acc[NT][4]) {
-    const int q = lane & 3, part = (lane >> 2) & 1;
+    const int q = lane & 3, part = NP == 2 ? (lane >> 2) & 1 : 0;
 #pragma unroll
     for (int f = 0; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
     const uint4 *bp[NT];
@@ -261,14 +270,19 @@ __device__ __forceinline__ int pair_word(int k, int part, int K, bool plain) {
     return plain ? (part * K + k) >> 1 : bq_index(k, part) >> 1;
 }
 
-/* One row of K floats into hi/lo fp16 terms (w4a16) with the power-of-two row scale, or
- * into NVFP4-quantized values (w4a4, global scale g, TensorRT-LLM's rule s = E4M3(g amax/6),
- * code = E2M1(x g / s)) stored as code * s * 2^-14 (exact in fp16) with row scale 2^14 / g.
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+/* One row of K floats into hi/lo fp16 terms (w4a16; w4a16-bf16 rounds to bf16 first) with the
+ * power-of-two row scale, or into NVFP4-quantized values (w4a4, global scale g, TensorRT-LLM's
+ * rule s = E4M3(g amax/6), code = E2M1(x g / s)) stored as code * s * 2^-14 (exact in fp16)
+ * with row scale 2^14 / g. Writes the lo terms only when lo (a kernel with NP = 2 reads them).
  * Threads tid..K step nth handle pairs (w4a16) or 16-blocks (w4a4). */
 __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, float amax, int mode,
                                          float g, uint32_t *__restrict__ dst, float *rowscale,
-                                         int tid, int nth, bool plain) {
-    if (mode == K3_MODE_W4A16) {
+                                         int tid, int nth, bool plain, bool lo) {
+    if (mode != K3_MODE_W4A4) {
+        const bool b16 = mode == K3_MODE_W4A16_BF16;
+        if (b16) amax = bf16_round(amax); /* the max of the rounded row */
         int p = 0;
         if (amax > 0.f && isfinite(amax)) {
             int ex;
@@ -278,11 +292,14 @@ __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, 
         if (tid == 0) *rowscale = ldexpf(1.f, p);
         for (int k = 2 * tid; k < K; k += 2 * nth) {
             float2 v = *(const float2 *)(src + k);
+            if (b16) v = make_float2(bf16_round(v.x), bf16_round(v.y));
             float s0 = ldexpf(v.x, -p), s1 = ldexpf(v.y, -p);
             __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
-            __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
             dst[pair_word(k, 0, K, plain)] = h2_bits(__halves2half2(h0, h1));
-            dst[pair_word(k, 1, K, plain)] = h2_bits(__halves2half2(l0, l1));
+            if (lo) {
+                __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
+                dst[pair_word(k, 1, K, plain)] = h2_bits(__halves2half2(l0, l1));
+            }
         }
     } else {
         if (tid == 0) *rowscale = 16384.f / g;
@@ -305,7 +322,7 @@ __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, 
                 }
                 int k = b * 16 + i;
                 dst[pair_word(k, 0, K, plain)] = h2_bits(__floats2half2_rn(v[0], v[1]));
-                dst[pair_word(k, 1, K, plain)] = 0u;
+                if (lo) dst[pair_word(k, 1, K, plain)] = 0u;
             }
         }
     }
@@ -418,24 +435,24 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
 
 /* Accumulators of 16-row tile mt over k-chunks [c0, c1) for work item wk = (expert, first
  * position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. */
-template <int FMT, int NT, int FC2>
+template <int FMT, int NT, int FC2, int NP>
 __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1, int lane,
                                          float acc[NT][4]) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
     for (int f = 0; f < NT; f++) {
-        int j = 4 * f + (lane >> 3);
+        int j = NP == 2 ? 4 * f + (lane >> 3) : 8 * f + (lane >> 2);
         brow[f] = j < n ? (FC2 ? p0 + j : r.sorted_tok[p0 + j]) : -1;
     }
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     const size_t tile = (size_t)e * mtiles + mt;
-    gemm_tile<FMT, NT>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB, nk, c0, c1,
+    gemm_tile<FMT, NT, NP>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB, nk, c0, c1,
                        FC2 ? r.hq : r.xq, brow, lane, acc);
 }
 
 /* FC1 epilogue: the activation, h and the per-position |h| max. */
-template <int FMT, int ACT, int NT>
+template <int FMT, int ACT, int NT, int NP>
 __device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
                                         float acc[NT][4]) {
     const int e = wk.x, p0 = wk.y, n = wk.z;
@@ -444,46 +461,51 @@ __device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 w
     const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
     const float li = m.limit ? m.limit[e] : INFINITY;
 #pragma unroll
-    for (int f = 0; f < NT; f++) {
-        int j = 4 * f + q;
-        bool ok = j < n;
-        int tok = ok ? r.sorted_tok[p0 + j] : 0;
-        float xs = ok ? r.xs[tok] : 0.f;
-        fc1_store<ACT>(m, r, p0 + j, ok, mt, g, acc[f][0] + acc[f][1], acc[f][2] + acc[f][3], fa, fb, xs, al, be, li);
-    }
+    for (int f = 0; f < NT; f++)
+#pragma unroll
+        for (int c = 0; c < 3 - NP; c++) {
+            int j = NP == 2 ? 4 * f + q : 8 * f + 2 * q + c;
+            bool ok = j < n;
+            int tok = ok ? r.sorted_tok[p0 + j] : 0;
+            float xs = ok ? r.xs[tok] : 0.f;
+            float r0 = NP == 2 ? acc[f][0] + acc[f][1] : acc[f][c], r8 = NP == 2 ? acc[f][2] + acc[f][3] : acc[f][2 + c];
+            fc1_store<ACT>(m, r, p0 + j, ok, mt, g, r0, r8, fa, fb, xs, al, be, li);
+        }
 }
 
-template <int FMT, int ACT, int NT>
+template <int FMT, int ACT, int NT, int NP>
 __device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
     float acc[NT][4];
-    tile_mma<FMT, NT, 0>(m, r, wk, mt, 0, m.nk1, lane, acc);
-    fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
+    tile_mma<FMT, NT, 0, NP>(m, r, wk, mt, 0, m.nk1, lane, acc);
+    fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
 }
 
 /* FC2 epilogue: part[slot][row] = unweighted expert output. */
-template <int NT>
+template <int NT, int NP>
 __device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
                                         float acc[NT][4]) {
     const int e = wk.x, p0 = wk.y, n = wk.z;
     const int g = lane >> 2, q = lane & 3;
     const float fw = m.f2[e];
 #pragma unroll
-    for (int f = 0; f < NT; f++) {
-        int j = 4 * f + q;
-        if (j < n) {
-            float s = fw * r.hs[p0 + j];
-            float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
-            o[0] = (acc[f][0] + acc[f][1]) * s;
-            o[8] = (acc[f][2] + acc[f][3]) * s;
+    for (int f = 0; f < NT; f++)
+#pragma unroll
+        for (int c = 0; c < 3 - NP; c++) {
+            int j = NP == 2 ? 4 * f + q : 8 * f + 2 * q + c;
+            if (j < n) {
+                float s = fw * r.hs[p0 + j];
+                float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
+                o[0] = (NP == 2 ? acc[f][0] + acc[f][1] : acc[f][c]) * s;
+                o[8] = (NP == 2 ? acc[f][2] + acc[f][3] : acc[f][2 + c]) * s;
+            }
         }
-    }
 }
 
-template <int FMT, int NT>
+template <int FMT, int NT, int NP>
 __device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
     float acc[NT][4];
-    tile_mma<FMT, NT, 1>(m, r, wk, mt, 0, m.nk2, lane, acc);
-    fc2_epi<NT>(m, r, wk, mt, lane, acc);
+    tile_mma<FMT, NT, 1, NP>(m, r, wk, mt, 0, m.nk2, lane, acc);
+    fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
 }
 
 /* The epilogue of the wgmma tiles (moe_prefill.cu, moe_prefill_ws.cu): one 16-row tile mt
@@ -528,7 +550,7 @@ __device__ __forceinline__ void wg_epilogue(const MoeDev &m, const MoeRun &r, in
 __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
     float amax = __uint_as_float(r.hamax[p]);
     quant_row(r.h + (size_t)p * m.I, m.I, amax, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32), r.hs + p,
-              tid, nth, r.plain);
+              tid, nth, r.plain, r.np == 2);
 }
 
 /* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */

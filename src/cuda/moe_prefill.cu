@@ -8,9 +8,13 @@
  * of one expert's work item, over all of K in 64-k stages. Every byte arrives by cp.async
  * into a ring of shared-memory stages, so no load in flight occupies registers. Per 16-k
  * step each warp decodes its fragment once (from shared memory) and issues one wgmma
- * m64nTNk16 on the hi terms and one on the lo terms into the same fp32 accumulators (hi + lo
- * summed by the tensor core: the exact w4a16 contract of moe_dev.cuh; in w4a4 the lo terms
- * are zero). Numerics are those of the mma.sync path: only fp32 accumulation order differs.
+ * m64nTNk16 on the hi terms and, in w4a16 (NP = 2), one on the lo terms into the same fp32
+ * accumulators (hi + lo summed by the tensor core: the exact w4a16 contract of moe_dev.cuh);
+ * w4a16-bf16 and w4a4 carry one term (NP = 1): half the MMAs and half the activation bytes
+ * per stage. Numerics are those of the mma.sync path: only fp32 accumulation order differs.
+ * (A warp-specialized variant - a producer warpgroup feeding two consumer warpgroups through
+ * mbarriers, 128-token tiles, one CTA per SM - was built and measured slower: 76.7 vs 66.2 ms
+ * at T = 8192, 30.1 vs 19.4 ms at T = 2048; lab/NOTES.md v7.)
  *
  * Grid: x = 128-row blocks (fast), y = work items, so the CTAs that share one item's
  * activation rows run together and find them in L2, while each expert's weights stream
@@ -27,65 +31,65 @@ extern "C" {
 
 #define WG_THREADS 256
 
-/* Ring depth per tile width: stage s computes while s + 1 .. s + STAGES - 2 load and s - 1 may
- * still be in the tensor cores (two CTAs per SM either way). */
-__host__ __device__ constexpr int wg_stages(int tn) { return tn == 32 ? 6 : 4; }
-__host__ __device__ constexpr int wg_smem_bytes(int tn) { return wg_stages(tn) * wg_stage_bytes(tn); }
+/* Ring depth per tile width and terms: stage s computes while s + 1 .. s + STAGES - 2 load and
+ * s - 1 may still be in the tensor cores (two CTAs per SM either way: <= 86 KB each). */
+__host__ __device__ constexpr int wg_stages(int tn, int np) { return np == 2 ? (tn == 32 ? 6 : 4) : (tn == 32 ? 8 : 6); }
+__host__ __device__ constexpr int wg_smem_bytes(int tn, int np) { return wg_stages(tn, np) * wg_stage_bytes(tn, np); }
 
 /* Issues the copies of stage s (k0 = 64 s) into buffer buf: this thread's share of the B rows
  * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per
  * warp, its tile's half unit of codes and the unit's scales. */
-template <int FMT, int TN>
+template <int FMT, int TN, int NP>
 __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __half *src, int K, int nf, int pair,
                                         int gq0, bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
                                         int lane) {
     constexpr int STEP = 128 / TN, SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    const uint32_t st = sbase + buf * wg_stage_bytes(TN);
+    const uint32_t st = sbase + buf * wg_stage_bytes(TN, NP);
     const uint32_t b = st + (nf >> 3) * 1024 + (nf & 7) * 16;
 #pragma unroll
-    for (int gq = 0; gq < 8; gq += STEP) {
+    for (int gq = 0; gq < 4 * NP; gq += STEP) { /* q >> 2 = part: 0 hi, 1 lo */
         const int q = gq + gq0, p = q >> 2, g = 2 * (q & 3) + pair;
         const __half *sp = src + p * K + s * WG_KS + g * 8;
         cp_async16(b + p * wg_part_bytes(TN) + g * 128, have_row ? (const void *)sp : (const void *)src,
                    have_row ? 16 : 0);
     }
     const int c = s >> 1, h = s & 1;
-    const uint32_t wd = st + 2 * wg_part_bytes(TN) + warp * WG_WBYTES;
+    const uint32_t wd = st + NP * wg_part_bytes(TN) + warp * WG_WBYTES;
     cp_async16(wd + lane * 16, wunit + (size_t)c * UNIT_W + h * 512 + lane * 16, 16);
     if (lane < SBY / 16) cp_async16(wd + 512 + lane * 16, sunit + (size_t)c * SBY + lane * 16, 16);
 }
 
 /* One 64-k stage. On entry the MMAs of stage s - 1 may still run; on exit those of s may. */
-template <int FMT, int TN>
+template <int FMT, int TN, int NP>
 __device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, float acc[TN / 2], uint32_t a[4][4],
                                          const __half *src, int K, int nf, int pair, int gq0, bool have_row,
                                          const uint8_t *wunit, const uint8_t *sunit, int warp, int lane) {
-    constexpr int ST = wg_stages(TN), AHEAD = ST - 2;
+    constexpr int ST = wg_stages(TN, NP), AHEAD = ST - 2;
     cp_async_wait<AHEAD - 1>();
     fence_async_smem();
     __syncthreads(); /* stage s landed for all; every warp's stage s - 2 MMAs are done */
     if (s + AHEAD < nst)
-        wg_fill<FMT, TN>(sbase, (s + AHEAD) % ST, s + AHEAD, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_fill<FMT, TN, NP>(sbase, (s + AHEAD) % ST, s + AHEAD, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
     cp_async_commit();
     const int buf = s % ST;
-    wg_decode<FMT, TN>(sbase, buf, h, warp, lane, a); /* a was read by stage s - 2: done */
-    const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN), 128, 1024);
+    wg_decode<FMT, TN, NP>(sbase, buf, h, warp, lane, a); /* a was read by stage s - 2: done */
+    const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN, NP), 128, 1024);
     wg_fence();
-    wg_mma_stage<TN>(acc, a, d0);
+    wg_mma_stage<TN, NP>(acc, a, d0);
     wg_commit();
     wg_wait1();
 }
 
 /* All of K for one work item: accumulators of this warp's 16 rows x TN tokens. */
-template <int FMT, int TN>
+template <int FMT, int TN, int NP>
 __device__ __forceinline__ void wg_mainloop(float acc[TN / 2], const uint8_t *wunit, const uint8_t *sunit, int nk,
                                             uint32_t sbase, const __half *src, int K, int nf, int pair, int gq0,
                                             bool have_row, int warp, int lane) {
-    constexpr int AHEAD = wg_stages(TN) - 2;
+    constexpr int AHEAD = wg_stages(TN, NP) - 2;
     const int nst = 2 * nk;
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) {
-        if (s < nst) wg_fill<FMT, TN>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        if (s < nst) wg_fill<FMT, TN, NP>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
         cp_async_commit();
     }
 #pragma unroll
@@ -93,13 +97,13 @@ __device__ __forceinline__ void wg_mainloop(float acc[TN / 2], const uint8_t *wu
     uint32_t a0[4][4], a1[4][4];
 #pragma unroll 1
     for (int s = 0; s < nst; s += 2) { /* nst is even: the two A buffers alternate */
-        wg_stage<FMT, TN>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
-        wg_stage<FMT, TN>(s + 1, 1, nst, sbase, acc, a1, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_stage<FMT, TN, NP>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_stage<FMT, TN, NP>(s + 1, 1, nst, sbase, acc, a1, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
     }
     wg_wait0();
 }
 
-template <int FMT, int ACT, int TN, int FC2>
+template <int FMT, int ACT, int TN, int FC2, int NP>
 __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
     extern __shared__ __align__(1024) uint8_t wsm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
         const int row = have_row ? (FC2 ? p0 + nf : r.sorted_tok[p0 + nf]) : 0;
         const __half *src = plain + (size_t)row * 2 * K;
         float acc[TN / 2];
-        wg_mainloop<FMT, TN>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
+        wg_mainloop<FMT, TN, NP>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
         cp_async_wait<0>();
         __syncthreads(); /* the next item's prologue reuses the buffers */
         if (!rows_ok) continue;
@@ -138,17 +142,20 @@ typedef void (*kern_t)(MoeDev, MoeRun);
     X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
         X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
         X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
-#define WG1K(F, A, N) (kern_t)k_wg<F, A, N, 0>
-#define WG2K(F, N) (kern_t)k_wg<F, K3_ACT_IDENTITY, N, 1>
+#define WG1K1(F, A, N) (kern_t)k_wg<F, A, N, 0, 1>
+#define WG1K2(F, A, N) (kern_t)k_wg<F, A, N, 0, 2>
+#define WG2K(F, N, P) (kern_t)k_wg<F, K3_ACT_IDENTITY, N, 1, P>
 
-/* [fmt][tile: 32 or 64 tokens][act - 1] */
-static const kern_t wg_fc1_table[2][2][9] = {
-    {{WACTS(WG1K, FMT_NV, 32)}, {WACTS(WG1K, FMT_NV, 64)}},
-    {{WACTS(WG1K, FMT_MX, 32)}, {WACTS(WG1K, FMT_MX, 64)}},
+/* [terms - 1][fmt][tile: 32 or 64 tokens][act - 1] */
+static const kern_t wg_fc1_table[2][2][2][9] = {
+    {{{WACTS(WG1K1, FMT_NV, 32)}, {WACTS(WG1K1, FMT_NV, 64)}},
+     {{WACTS(WG1K1, FMT_MX, 32)}, {WACTS(WG1K1, FMT_MX, 64)}}},
+    {{{WACTS(WG1K2, FMT_NV, 32)}, {WACTS(WG1K2, FMT_NV, 64)}},
+     {{WACTS(WG1K2, FMT_MX, 32)}, {WACTS(WG1K2, FMT_MX, 64)}}},
 };
-static const kern_t wg_fc2_table[2][2] = {
-    {WG2K(FMT_NV, 32), WG2K(FMT_NV, 64)},
-    {WG2K(FMT_MX, 32), WG2K(FMT_MX, 64)},
+static const kern_t wg_fc2_table[2][2][2] = {
+    {{WG2K(FMT_NV, 32, 1), WG2K(FMT_NV, 64, 1)}, {WG2K(FMT_MX, 32, 1), WG2K(FMT_MX, 64, 1)}},
+    {{WG2K(FMT_NV, 32, 2), WG2K(FMT_NV, 64, 2)}, {WG2K(FMT_MX, 32, 2), WG2K(FMT_MX, 64, 2)}},
 };
 
 int moe_wg_probe(int *ok, k3_error *err) {
@@ -169,6 +176,7 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     if (ti < 0) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (32 or 64)", tn);
     /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them */
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
-    kern_t k = fc2 ? wg_fc2_table[m->fmt][ti] : wg_fc1_table[m->fmt][ti][(int)m->act - 1];
-    return wg_launch(k, tiles, wmax, WG_THREADS, wg_smem_bytes(tn), st, d, r, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
+    const int pi = r.np == 2 ? 1 : 0;
+    kern_t k = fc2 ? wg_fc2_table[pi][m->fmt][ti] : wg_fc1_table[pi][m->fmt][ti][(int)m->act - 1];
+    return wg_launch(k, tiles, wmax, WG_THREADS, wg_smem_bytes(tn, r.np), st, d, r, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
 }

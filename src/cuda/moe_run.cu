@@ -11,8 +11,9 @@
  *   finalize  y[t] = sum over local slots in slot order of w * row: deterministic.
  * Fused (decode): the same stages in one cooperative persistent kernel with four grid
  * barriers; T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
- * Kernel specializations: format x activation x tokens-per-tile (grouped) and format x
- * activation (fused); per-expert activation parameters are runtime values. Split-K is not
+ * Kernel specializations: format x activation x tokens-per-tile x fp16 terms per activation
+ * (grouped: two in w4a16, one in w4a16-bf16 and w4a4) and format x activation (fused, two
+ * terms); per-expert activation parameters are runtime values. Split-K is not
  * used across CTAs; for T*k <= 64 the two K halves of a tile run in one CTA (ksplit_reduce). */
 #include "cuda/cuda_check.cuh"
 #include "cuda/k3_cuda.h"
@@ -49,7 +50,7 @@ __device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) 
     for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
     am = block_amax(am, red);
     quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
-              blockDim.x, r.plain);
+              blockDim.x, r.plain, r.np == 2);
 }
 
 __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
@@ -97,7 +98,7 @@ __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
 }
 
 /* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tiles). */
-template <int FMT, int ACT, int NT, int FC2>
+template <int FMT, int ACT, int NT, int FC2, int NP>
 __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     __shared__ float red[WARPS][NT * 4][32];
     const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
@@ -106,10 +107,10 @@ __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
     float acc[NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
-    if (active) tile_mma<FMT, NT, FC2>(m, r, wk, mt, c0, c1, lane, acc);
+    if (active) tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
     if (ksplit_reduce<NT>(acc, active, red)) {
-        if (FC2) fc2_epi<NT>(m, r, wk, mt, lane, acc);
-        else fc1_epi<FMT, ACT, NT>(m, r, wk, mt, lane, acc);
+        if (FC2) fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
+        else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
     }
 }
 
@@ -140,7 +141,9 @@ __device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long
     __syncthreads();
 }
 
-/* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. */
+/* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. It reads both
+ * fp16 terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so
+ * that its instantiations stay format x activation. */
 template <int FMT, int ACT>
 __global__ void __launch_bounds__(128) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
@@ -152,12 +155,12 @@ __global__ void __launch_bounds__(128) k_fused(MoeDev m, MoeRun r) {
     grid_sync(r.bar, base + (unsigned long long)nb);
     const int W = *(volatile int *)(r.ctl + 1), P = *(volatile int *)r.ctl;
     for (int it = blockIdx.x * WARPS + warp; it < W * m.m1; it += nb * WARPS)
-        fc1_item<FMT, ACT, 1>(m, r, r.work[it / m.m1], it % m.m1, lane);
+        fc1_item<FMT, ACT, 1, 2>(m, r, r.work[it / m.m1], it % m.m1, lane);
     grid_sync(r.bar, base + 2ull * nb);
     for (int p = blockIdx.x; p < P; p += nb) hconv_row(m, r, p, threadIdx.x, blockDim.x);
     grid_sync(r.bar, base + 3ull * nb);
     for (int it = blockIdx.x * WARPS + warp; it < W * m.m2; it += nb * WARPS)
-        fc2_item<FMT, 1>(m, r, r.work[it / m.m2], it % m.m2, lane);
+        fc2_item<FMT, 1, 2>(m, r, r.work[it / m.m2], it % m.m2, lane);
     grid_sync(r.bar, base + 4ull * nb);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < r.T * m.H; i += nb * blockDim.x)
         finalize_elem(m, r, i / m.H, i % m.H);
@@ -171,18 +174,23 @@ typedef void (*kern_t)(MoeDev, MoeRun);
     X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
         X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
         X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
-#define FC1K(F, A, N) (kern_t)k_fc<F, A, N, 0>
+#define FC1K2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2>
+#define FC1K1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1>
 #define FUSK(F, A, N) (kern_t)k_fused<F, A>
 
-/* [fmt][nt index][act - 1] */
-static const kern_t fc1_table[2][3][9] = {
-    {{ACTS(FC1K, FMT_NV, 1)}, {ACTS(FC1K, FMT_NV, 2)}, {ACTS(FC1K, FMT_NV, 4)}},
-    {{ACTS(FC1K, FMT_MX, 1)}, {ACTS(FC1K, FMT_MX, 2)}, {ACTS(FC1K, FMT_MX, 4)}},
+/* [terms - 1][fmt][nt index][act - 1] */
+static const kern_t fc1_table[2][2][3][9] = {
+    {{{ACTS(FC1K1, FMT_NV, 1)}, {ACTS(FC1K1, FMT_NV, 2)}, {ACTS(FC1K1, FMT_NV, 4)}},
+     {{ACTS(FC1K1, FMT_MX, 1)}, {ACTS(FC1K1, FMT_MX, 2)}, {ACTS(FC1K1, FMT_MX, 4)}}},
+    {{{ACTS(FC1K2, FMT_NV, 1)}, {ACTS(FC1K2, FMT_NV, 2)}, {ACTS(FC1K2, FMT_NV, 4)}},
+     {{ACTS(FC1K2, FMT_MX, 1)}, {ACTS(FC1K2, FMT_MX, 2)}, {ACTS(FC1K2, FMT_MX, 4)}}},
 };
-#define FC2K(F, N) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1>
-static const kern_t fc2_table[2][3] = {
-    {FC2K(FMT_NV, 1), FC2K(FMT_NV, 2), FC2K(FMT_NV, 4)},
-    {FC2K(FMT_MX, 1), FC2K(FMT_MX, 2), FC2K(FMT_MX, 4)},
+#define FC2K(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P>
+static const kern_t fc2_table[2][2][3] = {
+    {{FC2K(FMT_NV, 1, 1), FC2K(FMT_NV, 2, 1), FC2K(FMT_NV, 4, 1)},
+     {FC2K(FMT_MX, 1, 1), FC2K(FMT_MX, 2, 1), FC2K(FMT_MX, 4, 1)}},
+    {{FC2K(FMT_NV, 1, 2), FC2K(FMT_NV, 2, 2), FC2K(FMT_NV, 4, 2)},
+     {FC2K(FMT_MX, 1, 2), FC2K(FMT_MX, 2, 2), FC2K(FMT_MX, 4, 2)}},
 };
 static const kern_t fused_table[2][9] = {{ACTS(FUSK, FMT_NV, 0)}, {ACTS(FUSK, FMT_MX, 0)}};
 
@@ -207,7 +215,8 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
         return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: mode w4a4 needs NVFP4 experts, these are MXFP4", bn);
     if (mode == K3_MODE_W4A4 && !(m->d.g1 > 0.f && m->d.g2 > 0.f))
         return k3_fail(err, K3_ERR_MISSING, "%s: mode w4a4 needs input_scale > 0 on every local expert's w1 and w2", bn);
-    if (mode != K3_MODE_W4A16 && mode != K3_MODE_W4A4) return k3_fail(err, K3_ERR_ARG, "%s: mode %d unknown", bn, (int)mode);
+    if (mode != K3_MODE_W4A16 && mode != K3_MODE_W4A4 && mode != K3_MODE_W4A16_BF16)
+        return k3_fail(err, K3_ERR_ARG, "%s: mode %d unknown", bn, (int)mode);
     if (b == K3_CUDA_FUSED) {
         if (T > K3_CUDA_FUSED_MAX_TOKENS)
             return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: T = %d tokens, the fused kernel takes at most %d per launch", T,
@@ -221,8 +230,8 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
-    if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128))
-        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 64 or 128", path);
+    if (path < -1 || (path > 0 && path != 32 && path != 64))
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32 or 64", path);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = path;
@@ -278,16 +287,19 @@ static double tokens_per_expert(const k3_cuda_moe *m, int T, int k) {
     return touched > 0 ? S * m->d.n_local / E / touched : 1;
 }
 
-static int pick_nt(const k3_cuda_moe *m, int T, int k) {
-    double per = tokens_per_expert(m, T, k);
+/* Fragments of 8 columns per tile: 4 tokens each with two terms, 8 with one. */
+static int pick_nt(const k3_cuda_moe *m, int T, int k, int np) {
+    double per = tokens_per_expert(m, T, k) / (3 - np);
     return per <= 4 ? 1 : per <= 8 ? 2 : 4;
 }
 
 /* Tokens per touched expert (uniform routing) at which the wgmma tiles (moe_prefill.cu) take
  * over from mma.sync, and at which 64-token tiles take over from 32. Measured on the H200
- * (NVFP4, K3 layer): T = 256 (~4.6 per expert) mma.sync 6.9 ms vs wgmma-32 11.3 ms; T = 1024
- * (~18) 21.4 vs 13.2 (wgmma-64 16.2); T = 2048 (~37) wgmma-32 23.3 vs wgmma-64 18.9. The
- * crossovers between those points are not measured. */
+ * (NVFP4, K3 layer), w4a16 / w4a16-bf16, ms for mma.sync, wgmma-32, wgmma-64: T = 256 (~4.6
+ * per expert) 6.7, 11.3, 15.2 / 5.0, 8.8, 11.6; T = 512 (~9.1) 11.4, 11.6, 15.3 / 7.0, 9.0,
+ * 11.7; T = 1024 (~18) 21.3, 12.8, 16.0 / 11.6, 9.5, 12.1; T = 2048 (~37) 40.4, 23.0, 19.3 /
+ * 22.4, 17.0, 13.2. The same thresholds serve both term counts; the crossovers between those
+ * points are not measured. */
 #define WG_MIN_TOKENS_PER_EXPERT 12
 #define WG_64_TOKENS_PER_EXPERT 28
 
@@ -312,10 +324,12 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
     if (T == 0) return K3_OK;
     cudaStream_t st = (cudaStream_t)stream;
+    /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
+    const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
     const int wg = b == K3_CUDA_GROUPED ? pick_wg(m, T, k) : 0;
-    const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k);
+    const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
-    const int tn = wg ? wg : 4 * nt;
+    const int tn = wg ? wg : 4 * nt * (3 - np);
     if (ensure_ws(m, T, k, tn, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;
@@ -327,6 +341,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     r.rw = d_w;
     r.y = d_y;
     r.plain = wg != 0;
+    r.np = np;
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
@@ -346,20 +361,18 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         /* K halves in one CTA when the tiles alone would not fill the device (decode) */
         const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
         if (wg) {
-            if (wg == 128 ? moe_ws_launch(m, d, r, 0, wmax, st, err) : moe_wg_launch(m, d, r, 0, wg, wmax, st, err))
-                return err->status;
+            if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
         } else
-            fc1_table[m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+            fc1_table[np - 1][m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_check(err, "k_fc<fc1><<<>>>")) return err->status;
         k_hconv<<<S, 128, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
         if (wg) {
-            if (wg == 128 ? moe_ws_launch(m, d, r, 1, wmax, st, err) : moe_wg_launch(m, d, r, 1, wg, wmax, st, err))
-                return err->status;
+            if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
         } else
-            fc2_table[m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+            fc2_table[np - 1][m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
         if (launch_check(err, "k_fc<fc2><<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);

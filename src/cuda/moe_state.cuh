@@ -24,8 +24,7 @@ struct k3_cuda_moe {
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
     int force_ks; /* 1 or 2 K halves per tile in the grouped FC kernels; 0 = automatic */
-    int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64 = always, with that many tokens per tile;
-                     128 = the warp-specialized kernel (explicit only) */
+    int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64 = always, with that many tokens per tile */
     cudaEvent_t *stage_ev;
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;
@@ -48,8 +47,5 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
 int moe_wg_probe(int *ok, k3_error *err);
 int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax,
                   cudaStream_t st, k3_error *err);
-/* The warp-specialized variant (moe_prefill_ws.cu), 128 tokens per item; explicit choice only. */
-int moe_ws_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int wmax, cudaStream_t st,
-                  k3_error *err);
 
 #endif

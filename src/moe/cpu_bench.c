@@ -377,10 +377,8 @@ static int parse_opts(const k3_bench_moe_opts *o, k3_wfmt *fmt, k3_act_mode *mod
     else if (!strcmp(f, "mxfp4")) *fmt = K3_WFMT_MXFP4;
     else if (!strcmp(f, "bf16")) *fmt = K3_WFMT_BF16;
     else return k3_fail(err, K3_ERR_ARG, "format: expected nvfp4, mxfp4 or bf16, found '%s'", f);
-    if (!strcmp(m, "w4a16")) *mode = K3_MODE_W4A16;
-    else if (!strcmp(m, "w4a4")) *mode = K3_MODE_W4A4;
-    else if (!strcmp(m, "w4a8")) *mode = K3_MODE_W4A8;
-    else return k3_fail(err, K3_ERR_ARG, "mode: expected w4a16, w4a4 or w4a8, found '%s'", m);
+    int rc = k3_act_mode_from_name(m, mode, err);
+    if (rc) return rc;
     /* said before minutes of weight building, not after (a checkpoint's format is checked
      * when its experts are validated) */
     if (!o->model_dir && ((*mode == K3_MODE_W4A4 && *fmt != K3_WFMT_NVFP4) ||

@@ -4,12 +4,14 @@
  * Phases, each one parallel-for over independent outputs (so no result depends on the
  * thread count or the schedule):
  *  1. inputs: every token row converted once into the kernel's input layout (and, in
- *     W4A4/W4A8, quantized and dequantized exactly as the emulated hardware would);
+ *     W4A4/W4A8, quantized and dequantized exactly as the emulated hardware would; in
+ *     W4A16_BF16, rounded to bf16);
  *  2. FC1: items = (active expert, block of FC1 rows); each row of w1 (and w3 when gated)
  *     is decoded once for all of the expert's tokens and the activation is applied at once;
  *     with one token per active expert, items are passes (expert, 2 gate/up row pairs)
  *     over all experts in order, each prefetching the next pass's rows;
- *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8);
+ *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8, rounded to
+ *     bf16 from their fp32 values in W4A16_BF16);
  *  4. FC2: items = (active expert, block of output rows);
  *  5. finalize: y[t] = sum of w[t, slot] * row(t, slot) over the local slots, in slot order.
  * Scratch (a few hundred kilobytes at T = 1) comes from the pool's workspace, so repeated
@@ -128,7 +130,7 @@ static float out_scale(const k3_qmat *m) { return m->fmt == K3_WFMT_NVFP4 ? m->g
 
 /* One activation row (natural order, n long) into the kernel layout, through the
  * mode's quantizer: W4A4 keeps code * block scale (exact; 1/g is applied after the dot),
- * W4A8 keeps the exact MXFP8 value. tmp holds 2n floats. */
+ * W4A8 keeps the exact MXFP8 value, W4A16_BF16 the bf16 value. tmp holds 2n floats. */
 static void convert_row(const plan *p, const float *in, int64_t n, float g, float *out,
                         float *tmp) {
     const float *src = in;
@@ -144,6 +146,10 @@ static void convert_row(const plan *p, const float *in, int64_t n, float g, floa
         float *d = tmp + n;
         k3_mxfp8_quantize_row(in, n, q, s);
         k3_mxfp8_dequantize_row(q, s, n, d);
+        src = d;
+    } else if (p->mode == K3_MODE_W4A16_BF16) {
+        float *d = tmp + n;
+        for (int64_t i = 0; i < n; i++) d[i] = k3_bf16_to_f32(k3_f32_to_bf16(in[i]));
         src = d;
     }
     if (src == out && p->layout == K3_FP4_NATURAL) return;
@@ -437,7 +443,8 @@ static int validate(const k3_experts *ex, k3_act_mode mode, const float *x, int 
                     const int32_t *ids, const float *w, int k, const float *y, k3_error *err) {
     if (!ex) return k3_fail(err, K3_ERR_ARG, "experts: NULL");
     if ((unsigned)mode >= K3_MODE_COUNT)
-        return k3_fail(err, K3_ERR_ARG, "mode: expected w4a16, w4a4 or w4a8, found %d", (int)mode);
+        return k3_fail(err, K3_ERR_ARG, "mode: expected w4a16, w4a4, w4a8 or w4a16-bf16, found %d",
+                       (int)mode);
     if (T < 0) return k3_fail(err, K3_ERR_ARG, "T: expected >= 0, found %d", T);
     if (k < 1) return k3_fail(err, K3_ERR_ARG, "k: expected >= 1, found %d", k);
     if (T > 0 && (!x || !ids || !w || !y))
@@ -503,7 +510,10 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
         p.in2 = (float)(1.0 / (double)p.g2);
         p.in1d = 1.0 / (double)p.g1;
     }
-    if (mode != K3_MODE_W4A16) p.dot64 = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_64 : kern->mxfp4_64;
+    /* float64 accumulation only where the inputs are FP4/FP8 codes; W4A16_BF16 sums like
+     * W4A16 (and its BF16/F32 banks have no 64-bit kernel) */
+    if (mode == K3_MODE_W4A4 || mode == K3_MODE_W4A8)
+        p.dot64 = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_64 : kern->mxfp4_64;
 
     /* Counting sort of the (token, slot) pairs by local expert. */
     int64_t TK = (int64_t)T * k;
@@ -580,7 +590,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
             k3_parallel_for(pool, p.fc1_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc1_one, &p);
         else
             k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
-        if (p.layout != K3_FP4_NATURAL || mode != K3_MODE_W4A16)
+        if (p.layout != K3_FP4_NATURAL || mode != K3_MODE_W4A16) /* W4A16_BF16 rounds here */
             k3_parallel_for(pool, R, 1, K3_SCHED_DYNAMIC, phase_hidden, &p);
         if (one)
             k3_parallel_for(pool, p.fc2_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc2_one, &p);

@@ -100,11 +100,17 @@ typedef struct k3_moe_block {
  *  W4A4:  NVFP4 experts, activations quantized to NVFP4 per 16 at run time, the way
  *         TensorRT-LLM runs them on Blackwell: FC1 input with g1 = 1/max over local experts
  *         of w1.input_scale, FC2 input with g2 = 1/max of w2.input_scale (moe.md §2.2).
- *  W4A8:  MXFP4 experts, activations quantized to MXFP8 per 32 (W4A8_MXFP4_MXFP8). */
+ *  W4A8:  MXFP4 experts, activations quantized to MXFP8 per 32 (W4A8_MXFP4_MXFP8).
+ *  W4A16_BF16 ("w4a16-bf16"): W4A16 with bf16 activations, the way TensorRT-LLM's BF16 MoE
+ *         and bf16 servers run it (performance.md's baselines): the FC1 input x and the FC2
+ *         input act(h) are rounded to bf16 (round to nearest even) before the GEMMs; products
+ *         and sums stay exact/float64 in the reference. Any weight format. On the GPU one
+ *         tensor-core product per weight instead of W4A16's two (hi + lo fp16 terms). */
 typedef enum k3_act_mode {
     K3_MODE_W4A16 = 0,
     K3_MODE_W4A4,
     K3_MODE_W4A8,
+    K3_MODE_W4A16_BF16,
     K3_MODE_COUNT
 } k3_act_mode;
 
@@ -144,7 +150,7 @@ int k3_moe_experts_ref_f32(void *ctx, const k3_experts *ex, k3_act_mode mode, co
  * to w1's) and H, I multiples of 16; W4A8 needs MXFP4 and multiples of 32. */
 int k3_experts_validate(const k3_experts *ex, k3_act_mode mode, k3_error *err);
 
-/* "w4a16", "w4a4", "w4a8"; and back (K3_ERR_ARG naming the string). */
+/* "w4a16", "w4a4", "w4a8", "w4a16-bf16"; and back (K3_ERR_ARG naming the string). */
 const char *k3_act_mode_name(k3_act_mode mode);
 int k3_act_mode_from_name(const char *name, k3_act_mode *out, k3_error *err);
 

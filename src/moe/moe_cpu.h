@@ -17,7 +17,8 @@
  * every kernel the machine has).
  * Modes (moe.h): W4A16 for any supported format; W4A4 for NVFP4 (activations quantized
  * per 16 with g1 = 1/max w1.input_scale, g2 = 1/max w2.input_scale over local experts);
- * W4A8 for MXFP4 (MXFP8 activations per 32). All matrices of one call share one format.
+ * W4A8 for MXFP4 (MXFP8 activations per 32); W4A16_BF16 for any supported format (both GEMM
+ * inputs rounded to bf16, sums as in W4A16). All matrices of one call share one format.
  * Left out: other weight formats (FP8 block, F16) -> K3_ERR_UNSUPPORTED; bias terms. */
 #ifndef K3_MOE_CPU_H
 #define K3_MOE_CPU_H

@@ -13,8 +13,12 @@
  *    definition: a fast path that computes the activation in float reaches the same float
  *    (up to its own rounding) and so the same NVFP4/MXFP8 codes, except for values within one
  *    float ulp of a code boundary.
- * g1 and g2 are computed in float, as the runtime stores them (fc31_input_scale). Leaving
- * out: per-expert activation scales and the dynamic FC2 scale of moe.md §2.4. */
+ * g1 and g2 are computed in float, as the runtime stores them (fc31_input_scale).
+ * Mode W4A16_BF16 is the same two steps with bf16 (round to nearest even) as the "quantizer":
+ * x rounded to bf16 once per token, and the hidden rounded double -> float -> bf16 (twice, not
+ * straight from double: the fast paths hold act(h) in fp32 and round that to bf16, and a
+ * direct rounding differs from theirs where the double lies within half a float ulp of a bf16
+ * tie). Leaving out: per-expert activation scales and the dynamic FC2 scale of moe.md §2.4. */
 #include "formats/block.h"
 #include "formats/fp.h"
 #include "moe/activation.h"
@@ -32,6 +36,8 @@ const char *k3_act_mode_name(k3_act_mode mode) {
         return "w4a4";
     case K3_MODE_W4A8:
         return "w4a8";
+    case K3_MODE_W4A16_BF16:
+        return "w4a16-bf16";
     default:
         return "invalid";
     }
@@ -43,7 +49,8 @@ int k3_act_mode_from_name(const char *name, k3_act_mode *out, k3_error *err) {
             *out = (k3_act_mode)m;
             return K3_OK;
         }
-    return k3_fail(err, K3_ERR_ARG, "activation mode '%s': expected w4a16, w4a4 or w4a8",
+    return k3_fail(err, K3_ERR_ARG,
+                   "activation mode '%s': expected w4a16, w4a4, w4a8 or w4a16-bf16",
                    name ? name : "(null)");
 }
 
@@ -143,6 +150,11 @@ static void quantize_row(act_quant *q, const float *in, int64_t n, double *out) 
         }
         return;
     }
+    if (q->mode == K3_MODE_W4A16_BF16) {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = k3_bf16_to_f32(k3_f32_to_bf16(in[i]));
+        return;
+    }
     k3_mxfp8_quantize_row(in, n, q->codes, q->scales);
     k3_mxfp8_dequantize_row(q->codes, q->scales, n, q->deq);
     for (int64_t i = 0; i < n; i++)
@@ -217,7 +229,7 @@ static void run_expert(const k3_experts *ex, int i, ref_work *w, double *out) {
         w->h[r] = k3_act_f64(&ex->act, i, w->g[r], gated ? w->u[r] : 0);
     if (w->q2.mode == K3_MODE_W4A16) {
         memcpy(w->hin, w->h, (size_t)I * sizeof(double));
-    } else {
+    } else { /* through float first in every other mode, bf16 included (see the top) */
         for (int64_t r = 0; r < I; r++)
             w->hf[r] = (float)w->h[r];
         quantize_row(&w->q2, w->hf, I, w->hin);

@@ -41,12 +41,27 @@ def test_bench_json(tiny):
         assert 0 < row["bw_fraction"] and 0 < row["flop_fraction"]
 
 
+def test_bench_act_w4a16_bf16(tiny, tmp_path):
+    """The bf16-activation mode runs with any weight format (the NVFP4 checkpoint and a BF16
+    one) and is named in the output."""
+    d = tmp_path / "tiny-bf16"
+    p = k3("make-tiny", d, "--format", "bf16", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    for m, fmt in ((tiny, "nvfp4"), (d, "bf16")):
+        p = k3("bench", "moe", "-m", m, "--act", "w4a16-bf16", "--tokens", "1,4", "-r", "1", "-t", "1",
+               "-o", "json")
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout)
+        assert r["act"] == "w4a16-bf16" and r["format"] == fmt and len(r["rows"]) == 2
+
+
 @pytest.mark.parametrize("args, needle", [
     (["moe", "--format", "bogus"], "bogus"),
     (["moe", "--tokens", "0"], "--tokens"),
     (["moe", "--bogus"], "--bogus"),
     (["foo"], "foo"),
     (["moe", "--act", "w4a8", "--format", "nvfp4"], "w4a8"),
+    (["moe", "--act", "bf16"], "expected w4a16, w4a4, w4a8 or w4a16-bf16"),
 ])
 def test_bench_bad_options(args, needle):
     p = k3("bench", *args)

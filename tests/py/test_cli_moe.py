@@ -182,9 +182,28 @@ def test_cpu_backend_matches_ref(tiny, tmp_path):
     assert rel(ys["ref", "w4a4"], ys["ref", "w4a16"]) > 1e-3  # w4a4 really quantizes
 
 
+def test_act_w4a16_bf16(tiny, tmp_path):
+    """--act w4a16-bf16 runs on both CPU backends; the bf16 roundings change the block's y
+    measurably (the expert part by ~2e-3 relative); the CPU path agrees with the reference to
+    1e-3 (tests/test_moe_cpu.c's per-run bound: a hidden value may round to the other bf16
+    neighbour in its fp32 activation)."""
+    rng = np.random.default_rng()
+    save_file({"x": rng.standard_normal((5, 256)).astype(np.float32)}, str(tmp_path / "x.safetensors"))
+    ys = {}
+    for be, act in (("ref", "w4a16"), ("ref", "w4a16-bf16"), ("cpu", "w4a16-bf16")):
+        p = k3("moe", "-m", tiny, "--layer", 1, "--in", tmp_path / "x.safetensors",
+               "--out", tmp_path / f"{be}{act}.safetensors", "--backend", be, "--act", act, "-t", 2)
+        assert p.returncode == 0, p.stderr
+        assert act in p.stderr  # the summary line names the mode
+        ys[be, act] = load_file(str(tmp_path / f"{be}{act}.safetensors"))["y"]
+    assert rel(ys["cpu", "w4a16-bf16"], ys["ref", "w4a16-bf16"]) <= 1e-3
+    assert rel(ys["ref", "w4a16-bf16"], ys["ref", "w4a16"]) > 1e-4
+
+
 @pytest.mark.parametrize("args,words", [
     (["--backend", "tpu"], "expected ref, cpu"),
     (["--act", "w8a8"], "w8a8"),
+    (["--act", "w4a16_bf16"], "expected w4a16, w4a4, w4a8 or w4a16-bf16"),
     (["--layer", 0], "not an MoE layer"),
     (["--ep-size", 2, "--ep-rank", 0], "needs --experts-only"),
     (["--ep-size", 2, "--ep-rank", 2], "--ep-rank 2"),

@@ -2,8 +2,9 @@
 
 numpy decodes the weight formats from their definitions (E2M1, E4M3, E8M0, BF16 tables built
 here), emulates the run-time activation quantization (NVFP4 per 16 with g = 1/max
-input_scale, the hidden activation rounded to float32 first; MXFP8 per 32) and runs the
-per-token expert loop in float64. Fresh random inputs on every run (seed printed on failure).
+input_scale, the hidden activation rounded to float32 first; MXFP8 per 32; bf16 round to
+nearest even of x and of the float32 hidden, done here with integer bit operations since
+numpy has no bfloat16) and runs the per-token expert loop in float64. Fresh random inputs on every run (seed printed on failure).
 Bounds: relative L2 <= 1e-12 (float64 summation order only).
 """
 import os
@@ -21,7 +22,7 @@ ACT = {"identity": 1, "gelu": 2, "relu": 3, "silu": 4, "swiglu": 5, "geglu": 6,
        "swiglu_bias": 7, "relu2": 8, "situ": 9}
 GATED = {"swiglu", "geglu", "swiglu_bias", "situ"}
 FMT = {"f32": 0, "bf16": 1, "nvfp4": 3, "mxfp4": 4}
-MODE = {"w4a16": 0, "w4a4": 1, "w4a8": 2}
+MODE = {"w4a16": 0, "w4a4": 1, "w4a8": 2, "w4a16-bf16": 3}
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
@@ -79,6 +80,24 @@ def mxfp8_act(x32):
         e = np.ceil(np.log2(amax / 448.0))
     e = np.clip(np.where(np.isfinite(e), e, -127), -127, 127)
     return (e4m3_round(x / 2.0 ** e) * 2.0 ** e).reshape(x32.shape[0], -1)
+
+
+def bf16_round(x32):
+    """float32 -> nearest bfloat16 (ties to even), as float32: add 0x7FFF plus the lowest kept
+    bit to the bit pattern, then clear the 16 dropped bits (finite inputs only)."""
+    u = np.asarray(x32, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def test_bf16_round_by_hand():
+    """bf16 keeps 8 significant bits (ulp 2^-7 on [1, 2)): below, above and at half an ulp
+    (ties to the even neighbour, either way), a carry into the exponent, a negative tie and
+    a subnormal that is already bf16."""
+    x = np.float32([1 + 2 ** -9, 1 + 3 * 2 ** -9, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 2 - 2 ** -9,
+                    -(2 + 3 * 2 ** -7), 2 ** -130])
+    want = [1, 1 + 2 ** -7, 1, 1 + 2 ** -6, 2, -(2 + 2 ** -5), 2 ** -130]
+    assert bf16_round(x).astype(np.float64).tolist() == want
 
 
 def act_fn(name, g, u, a, b):
@@ -180,6 +199,7 @@ def run_once(tmp, act, fmt, mode, E=5, H=64, I=32, T=6, K=3, seed=None):
         xin = x[t:t + 1].astype(np.float64)
         if mode == "w4a4": xin = nvfp4_act(x[t:t + 1], g1)
         if mode == "w4a8": xin = mxfp8_act(x[t:t + 1])
+        if mode == "w4a16-bf16": xin = bf16_round(x[t:t + 1]).astype(np.float64)
         for j in range(K):
             e = ids[t, j]
             g = vals["w1"][e] @ xin[0]
@@ -189,7 +209,9 @@ def run_once(tmp, act, fmt, mode, E=5, H=64, I=32, T=6, K=3, seed=None):
                 quant = lambda v: nvfp4_act(v[None], g2)[0]
             elif mode == "w4a8":
                 quant = lambda v: mxfp8_act(v[None])[0]
-            if mode in ("w4a4", "w4a8"):
+            elif mode == "w4a16-bf16":
+                quant = lambda v: bf16_round(v).astype(np.float64)
+            if mode in ("w4a4", "w4a8", "w4a16-bf16"):
                 if near_boundary(h.astype(np.float32), quant):
                     raise Ambiguous()
                 h = quant(h.astype(np.float32))
@@ -218,3 +240,10 @@ def test_w4a4_nvfp4_activation_quantization(tmp_path, act):
 @pytest.mark.parametrize("act", ["situ", "silu"])
 def test_w4a8_mxfp8_activation_quantization(tmp_path, act):
     run_case(tmp_path, act, "mxfp4", "w4a8")
+
+
+@needs_tool
+@pytest.mark.parametrize("act", ["situ", "swiglu", "relu2", "identity"])
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "nvfp4", "mxfp4"])
+def test_w4a16_bf16_rounding(tmp_path, act, fmt):
+    run_case(tmp_path, act, fmt, "w4a16-bf16")

@@ -4,9 +4,10 @@
  * memory floor from the copy bandwidth measured in the same process, and the fraction.
  * Usage: cuda_moe_bench [--fmt nvfp4|mxfp4|both] [--backend cuda|cuda-fused|both]
  *                       [--T 1,8,64,256] [--reps 20] [--experts 896 --hidden 3584 --inter 3072 --topk 16]
- *                       [--tokens-per-tile 0|4|8|16] [--k-splits 0|1|2] [--wgmma -1|0|32|64|128]
+ *                       [--mode w4a16|w4a16-bf16|w4a4]
+ *                       [--tokens-per-tile 0|4|8|16 (w4a16) or 0|8|16|32] [--k-splits 0|1|2] [--wgmma -1|0|32|64]
  * The grouped rows add the stage breakdown (prep, fc1, hconv, fc2, finalize) of one extra
- * run with events between the launches. */
+ * run with events between the launches; the last column is the mode. */
 #include "cuda/k3_cuda.h"
 
 #include <stdio.h>
@@ -29,6 +30,8 @@ static int parse_list(const char *s, int *out, int max) {
 int main(int argc, char **argv) {
     const char *fmts = "both", *backends = "both";
     int Ts[32] = {1, 8, 64, 256, 2048}, nT = 5, reps = 20, E = 896, H = 3584, I = 3072, k = 16, tpt = 0, ks = 0, wgm = 0;
+    k3_act_mode mode = K3_MODE_W4A16;
+    k3_error err = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "cuda_moe_bench: %s needs a value\n", a); return 2; }
@@ -43,10 +46,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tokens-per-tile")) tpt = atoi(v);
         else if (!strcmp(a, "--k-splits")) ks = atoi(v);
         else if (!strcmp(a, "--wgmma")) wgm = atoi(v);
+        else if (!strcmp(a, "--mode")) { if (k3_act_mode_from_name(v, &mode, &err)) { fprintf(stderr, "cuda_moe_bench: %s\n", err.msg); return 2; } }
         else { fprintf(stderr, "cuda_moe_bench: unknown option %s\n", a); return 2; }
         i++;
     }
-    k3_error err = {0};
     double bw = 0;
     if (k3_cuda_copy_bandwidth((size_t)1 << 30, 10, &bw, &err)) { fprintf(stderr, "cuda_moe_bench: %s\n", err.msg); return 1; }
     char dev[256];
@@ -57,13 +60,13 @@ int main(int argc, char **argv) {
     if (k3_cuda_bf16_peak(&peak, &perr)) fprintf(stderr, "cuda_moe_bench: bf16 peak: %s\n", perr.msg);
     printf("#device\t%s\n#copy_bw_GBs\t%.1f\n#bf16_peak_TFLOPs\t%.1f\n", dev, bw / 1e9, peak / 1e12);
     printf("#k3\tbackend\tfmt\tT\tus_median\tus_min\ttouched\texpert_MB\tfloor_us\tfrac_of_floor\tTFLOPs\t"
-           "stages_us(prep,fc1,hconv,fc2,finalize)\n");
+           "stages_us(prep,fc1,hconv,fc2,finalize)\tmode\n");
     fflush(stdout);
     for (int f = 0; f < 2; f++) {
         if (strcmp(fmts, "both") && strcmp(fmts, f ? "mxfp4" : "nvfp4")) continue;
         k3_cuda_bench_opts o = {.n_experts = E, .hidden = H, .inter = I, .top_k = k,
                                 .fmt = f ? K3_WFMT_MXFP4 : K3_WFMT_NVFP4, .act = K3_ACT_SITU,
-                                .mode = K3_MODE_W4A16, .warmup = 3, .reps = reps, .seed = 0,
+                                .mode = mode, .warmup = 3, .reps = reps, .seed = 0,
                                 .tokens_per_tile = tpt, .k_splits = ks, .wgmma = wgm};
         k3_cuda_bench *b = NULL;
         if (k3_cuda_bench_open(&o, &b, &err)) { fprintf(stderr, "cuda_moe_bench: %s\n", err.msg); return 1; }
@@ -76,10 +79,11 @@ int main(int argc, char **argv) {
                     continue;
                 }
                 double floor_us = r.expert_bytes / bw * 1e6;
-                printf("k3\t%s\t%s\t%d\t%.1f\t%.1f\t%d\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f,%.1f,%.1f,%.1f,%.1f\n",
+                printf("k3\t%s\t%s\t%d\t%.1f\t%.1f\t%d\t%.1f\t%.1f\t%.3f\t%.1f\t%.1f,%.1f,%.1f,%.1f,%.1f\t%s\n",
                        be ? "cuda-fused" : "cuda", f ? "mxfp4" : "nvfp4", Ts[i], r.us_median, r.us_min, r.touched,
                        r.expert_bytes / 1e6, floor_us, floor_us / r.us_median, r.flops / (r.us_median * 1e-6) / 1e12,
-                       r.stage_us[0], r.stage_us[1], r.stage_us[2], r.stage_us[3], r.stage_us[4]);
+                       r.stage_us[0], r.stage_us[1], r.stage_us[2], r.stage_us[3], r.stage_us[4],
+                       k3_act_mode_name(mode));
                 fflush(stdout);
             }
         }
