@@ -103,13 +103,16 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libk3.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libk3.a $(LDLIBS)
 
-test: deps all
+# deps runs before anything is compiled, also under -j (a fresh machine has no headers yet).
+test: deps
+	@$(MAKE) --no-print-directory all
 	@tools/run-tests $(BUILD)
 
 test-san:
 	@$(MAKE) --no-print-directory SANITIZE=1 test
 
-demo: deps $(BUILD)/k3
+demo: deps
+	@$(MAKE) --no-print-directory $(BUILD)/k3
 	@tools/demo $(BUILD)
 
 # libFuzzer targets link the library sources compiled by clang with the fuzzer runtime.
@@ -118,7 +121,8 @@ build/fuzz/%: fuzz/%.c $(LIB_C)
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(filter-out src/cuda/%,$(LIB_C)) src/cuda/cuda_absent.c -lcjson -lpcre2-8 -lm -pthread
 
-fuzz: deps $(FUZZ_BIN)
+fuzz: deps
+	@$(MAKE) --no-print-directory $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
 	  echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus-$$n fuzz/corpus/$$n || exit 1; done
