@@ -267,8 +267,8 @@ static void test_w4a4_nvfp4(void **s) {
 
 /* w4a16-bf16 (one fp16 term per activation in the grouped kernels, two in the fused one):
  * every T through the automatic path choice, both formats, gated and plain activations; then
- * the mma.sync path pinned so that each one-term tile width (8, 16, 32 tokens) runs, with
- * w4a4 (also one term) beside it. */
+ * the decode-size (streaming) path pinned so that every tile width runs: 8, 16, 32 tokens with
+ * one term (w4a16-bf16, w4a4), 4, 8, 16 with two (w4a16). */
 static void test_w4a16_bf16(void **s) {
     (void)s;
     NEED_GPU();
@@ -284,23 +284,27 @@ static void test_w4a16_bf16(void **s) {
         assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_OK);
         assert_int_equal(k3_cuda_moe_set_gemm_path(cm, -1, &err), K3_OK);
         static const int Ts[] = {16, 77, 255}; /* ~2, ~10, ~32 tokens per expert at top-4 */
-        for (int modei = 0; modei < (f ? 1 : 2); modei++)
+        static const k3_act_mode modes[] = {K3_MODE_W4A16_BF16, K3_MODE_W4A16, K3_MODE_W4A4};
+        for (int modei = 0; modei < (f ? 2 : 3); modei++)
             for (int i = 0; i < 3; i++) {
-                k3_act_mode mode = modei ? K3_MODE_W4A4 : K3_MODE_W4A16_BF16;
+                k3_act_mode mode = modes[modei];
                 double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
                 printf("  mma.sync %s swiglu %-10s T=%-4d relL2 %.3g (bound %g)\n", f ? "mxfp4" : "nvfp4",
                        k3_act_mode_name(mode), Ts[i], r, mode_bound(mode));
                 assert_true(r <= mode_bound(mode));
             }
-        double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16_BF16, 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
-        printf("  mma.sync %s swiglu w4a16-bf16 all tokens on one expert T=300 k=1 relL2 %.3g\n", f ? "mxfp4" : "nvfp4", r);
-        assert_true(r <= mode_bound(K3_MODE_W4A16_BF16));
+        for (int modei = 0; modei < 2; modei++) {
+            double r = run_case(&m, cm, K3_CUDA_GROUPED, modes[modei], 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
+            printf("  mma.sync %s swiglu %s all tokens on one expert T=300 k=1 relL2 %.3g\n", f ? "mxfp4" : "nvfp4",
+                   k3_act_mode_name(modes[modei]), r);
+            assert_true(r <= mode_bound(modes[modei]));
+        }
         k3_cuda_moe_free(cm);
         model_free(&m);
     }
 }
 
-/* The sm_90a wgmma GEMM paths pinned (32 and 64 tokens per tile), against the reference:
+/* The sm_90a wgmma GEMM paths pinned (32, 64 and 128 tokens per tile), against the reference:
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4 and
  * w4a16-bf16 (one term);
  * T from one token to several tiles per expert, all tokens on one expert (items split at the
@@ -332,7 +336,7 @@ static void test_wgmma_path(void **s) {
             assert_int_equal(rc, K3_OK);
             /* modes: w4a16 (fp32 and bf16-valued x), w4a16-bf16, w4a4 (NVFP4 only) */
             static const k3_act_mode modes[] = {K3_MODE_W4A16, K3_MODE_W4A16, K3_MODE_W4A16_BF16, K3_MODE_W4A4};
-            for (int tn = 32; tn <= 64; tn *= 2) {
+            for (int tn = 32; tn <= 128; tn *= 2) {
                 assert_int_equal(k3_cuda_moe_set_gemm_path(cm, tn, &err), K3_OK);
                 for (int mi = 0; mi < (f ? 3 : 4); mi++)
                     for (int i = 0; i < 4; i++) {
@@ -355,7 +359,6 @@ static void test_wgmma_path(void **s) {
             }
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 8, &err), K3_ERR_ARG);
-            assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 128, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 256, &err), K3_ERR_ARG);
             k3_cuda_moe_free(cm);
             model_free(&m);
@@ -387,6 +390,28 @@ static void test_all_tokens_one_expert_and_empty_experts(void **s) {
         k3_cuda_moe_free(cm);
         model_free(&m);
     }
+}
+
+/* A shape with 8 groups of 16 tiles per expert in each GEMM: at T = 16 the streaming engine
+ * has enough units for whole-K ranges (one K range), at T = 1 it splits K (partial sums). */
+static void test_stream_units(void **s) {
+    (void)s;
+    NEED_GPU();
+    model m;
+    rng_state = 31337;
+    model_make(&m, 32, 0, 32, 2048, 1024, K3_WFMT_NVFP4, K3_ACT_SITU);
+    k3_cuda_moe *cm = NULL;
+    k3_error err = {0};
+    assert_int_equal(k3_cuda_moe_create(&m.ex, &cm, &err), K3_OK);
+    static const int Ts[] = {1, 16};
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 2; i++) {
+            double r = run_case(&m, cm, (k3_cuda_backend)b, K3_MODE_W4A16, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
+            printf("  %-10s nvfp4 situ H=2048 I=1024 T=%d relL2 %.3g (bound 1e-05)\n", b ? "cuda-fused" : "cuda", Ts[i], r);
+            assert_true(r <= 1e-5);
+        }
+    k3_cuda_moe_free(cm);
+    model_free(&m);
 }
 
 /* Uneven expert-parallel split of 32 experts as [0, 11) and [11, 32): each rank matches the
@@ -578,6 +603,7 @@ int main(void) {
         cmocka_unit_test(test_w4a16_bf16),
         cmocka_unit_test(test_all_tokens_one_expert_and_empty_experts),
         cmocka_unit_test(test_ep_rank_subsets),
+        cmocka_unit_test(test_stream_units),
         cmocka_unit_test(test_wgmma_path),
     };
     /* tools/gpu-check runs one small case under compute-sanitizer with this filter */

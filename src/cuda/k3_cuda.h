@@ -72,9 +72,9 @@ int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const f
                     const int32_t *d_ids, const float *d_w, int k, float *d_y, void *stream,
                     k3_error *err);
 
-/* The grouped backend's GEMM path: -1 always mma.sync tiles, 0 automatic, 32 / 64 always
- * the sm_90a wgmma tiles of that many tokens (K3_ERR_UNSUPPORTED where the binary or the
- * device has no sm_90a kernels; K3_ERR_ARG for other values). Both paths compute the same
+/* The grouped backend's GEMM path: -1 always mma.sync tiles, 0 automatic, 32 / 64 / 128
+ * always the sm_90a wgmma tiles of that many tokens (K3_ERR_UNSUPPORTED where the binary or
+ * the device has no sm_90a kernels; K3_ERR_ARG for other values). Both paths compute the same
  * contract; tests and benchmarks pin one. */
 int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err);
 
@@ -112,8 +112,9 @@ typedef struct k3_cuda_bench_opts {
     uint64_t seed;
     int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
     int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the grouped kernels; 0 = automatic */
-    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64 forces the sm_90a wgmma path
+    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
+    int engine;          /* lab A/B: 0 the streaming engine (the product), 1 the per-warp mma.sync kernels */
 } k3_cuda_bench_opts;
 
 typedef struct k3_cuda_bench_result {

@@ -84,11 +84,16 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: k_splits %d (expected 0, 1 or 2)", o->k_splits);
     }
     b->m.force_ks = o->k_splits;
-    if (o->wgmma < -1 || (o->wgmma > 0 && o->wgmma != 32 && o->wgmma != 64)) {
+    if (o->wgmma < -1 || (o->wgmma > 0 && o->wgmma != 32 && o->wgmma != 64 && o->wgmma != 128)) {
         free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32 or 64)", o->wgmma);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32, 64 or 128)", o->wgmma);
     }
     b->m.force_wg = o->wgmma;
+    if (o->engine < 0 || o->engine > 1) {
+        free(b);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: engine %d (expected 0 or 1)", o->engine);
+    }
+    b->m.force_engine = o->engine;
     const int mx = o->fmt == K3_WFMT_MXFP4;
     if (k3_cuda_moe_alloc(&b->m, o->n_experts, 0, o->n_experts, o->hidden, o->inter, mx ? FMT_MX : FMT_NV, o->act, true,
                           err)) {

@@ -4,9 +4,9 @@
  * Weight unit = 16 rows x 128 k = 1024 bytes. Lane l (g = l/4, q = l%4) reads bytes
  * [h*512 + 16 l, +16) for h = 0, 1: four 32-bit words, one per k-step s = 4h + j. Word j
  * holds the 8 E2M1 codes of its A fragment registers R_i (i = 0..3: rows g, g+8, g, g+8;
- * k = 16 s + 2q + 8 (i/2) + {0, 1}) as magnitudes at bits 3i (even k) and 16 + 3i (odd k)
- * and signs at bits 12 + i and 28 + i, so that decode_reg is two shifts, two masks and one
- * HMUL2. FC1 tiles (gated) are 8 up rows (w3) then the 8 gate rows (w1) of the same i, so
+ * k = 16 s + 2q + 8 (i/2) + {0, 1}): magnitude and sign of the even k in the low half, of the
+ * odd k in the high half, at the bit positions mag_pos(i) / sgn_pos(i) of moe_dev.cuh, so that
+ * decode_reg is at most two shifts, two masks and one HMUL2. FC1 tiles (gated) are 8 up rows (w3) then the 8 gate rows (w1) of the same i, so
  * the activation sees gate and up of one i in one thread. Scale unit (NVFP4): per row group
  * g, 16 bytes [s(g, b), s(g+8, b)] for the 8 16-blocks of the chunk; MXFP4: 8 bytes for the
  * 4 32-blocks, each E8M0 2^e re-based to the E4M3 byte of 2^(e - shift), shift = e_max - 8
@@ -147,8 +147,8 @@ static void pack(const TileSrc *ts, int tiles, int nk, int fmt, uint8_t *wdst, u
                         src_row(ts, t, rr, &m, &row, &sh);
                         int64_t k = (int64_t)c * 128 + 16 * s + 2 * q + 8 * (i >> 1);
                         uint32_t lo = (uint32_t)nib(m, row, k), hi = (uint32_t)nib(m, row, k + 1);
-                        w |= (lo & 7) << (3 * i) | (hi & 7) << (16 + 3 * i);
-                        w |= (lo >> 3) << (12 + i) | (hi >> 3) << (28 + i);
+                        w |= (lo & 7) << mag_pos(i) | (hi & 7) << (16 + mag_pos(i));
+                        w |= (lo >> 3) << sgn_pos(i) | (hi >> 3) << (16 + sgn_pos(i));
                     }
                     memcpy(wu + (s >> 2) * 512 + lane * 16 + (s & 3) * 4, &w, 4);
                 }

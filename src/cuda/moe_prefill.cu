@@ -1,6 +1,6 @@
 /* The grouped backend's GEMMs on sm_90a for a few or many tokens per expert: warpgroup MMA
  * (wgmma) with the 4-bit weights decoded into the A fragment in registers, the activations of
- * TN = 32 or 64 tokens gathered by cp.async into shared memory as the B operand. (Tiles of 8
+ * TN = 32, 64 or 128 tokens gathered by cp.async into shared memory as the B operand. (Tiles of 8
  * and 16 tokens were built and measured: 42-50% of the copy bandwidth at T = 8..256, below
  * the mma.sync tiles' 57-82%, so the decode sizes stay on mma.sync.)
  *
@@ -32,8 +32,14 @@ extern "C" {
 #define WG_THREADS 256
 
 /* Ring depth per tile width and terms: stage s computes while s + 1 .. s + STAGES - 2 load and
- * s - 1 may still be in the tensor cores (two CTAs per SM either way: <= 86 KB each). */
-__host__ __device__ constexpr int wg_stages(int tn, int np) { return np == 2 ? (tn == 32 ? 6 : 4) : (tn == 32 ? 8 : 6); }
+ * s - 1 may still be in the tensor cores (two CTAs per SM: <= 86 KB each, 111 KB for the
+ * two-term 128-token tile). */
+__host__ __device__ constexpr int wg_stages(int tn, int np) {
+    return np == 2 ? (tn == 32 ? 6 : tn == 64 ? 4 : 3) : (tn == 32 ? 8 : tn == 64 ? 6 : 4);
+}
+/* 128-token tiles hold 64 accumulators per thread: one A buffer (decode waits for the previous
+ * stage's MMAs) keeps them at two CTAs per SM under 128 registers. */
+__host__ __device__ constexpr bool wg_one_abuf(int tn) { return tn == 128; }
 __host__ __device__ constexpr int wg_smem_bytes(int tn, int np) { return wg_stages(tn, np) * wg_stage_bytes(tn, np); }
 
 /* Issues the copies of stage s (k0 = 64 s) into buffer buf: this thread's share of the B rows
@@ -72,12 +78,13 @@ __device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, 
         wg_fill<FMT, TN, NP>(sbase, (s + AHEAD) % ST, s + AHEAD, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
     cp_async_commit();
     const int buf = s % ST;
-    wg_decode<FMT, TN, NP>(sbase, buf, h, warp, lane, a); /* a was read by stage s - 2: done */
+    if (wg_one_abuf(TN)) wg_wait0(); /* the one A buffer is read by stage s - 1's MMAs */
+    wg_decode<FMT, TN, NP>(sbase, buf, h, warp, lane, a); /* two buffers: stage s - 2's, done */
     const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN, NP), 128, 1024);
     wg_fence();
     wg_mma_stage<TN, NP>(acc, a, d0);
     wg_commit();
-    wg_wait1();
+    if (!wg_one_abuf(TN)) wg_wait1();
 }
 
 /* All of K for one work item: accumulators of this warp's 16 rows x TN tokens. */
@@ -98,7 +105,8 @@ __device__ __forceinline__ void wg_mainloop(float acc[TN / 2], const uint8_t *wu
 #pragma unroll 1
     for (int s = 0; s < nst; s += 2) { /* nst is even: the two A buffers alternate */
         wg_stage<FMT, TN, NP>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
-        wg_stage<FMT, TN, NP>(s + 1, 1, nst, sbase, acc, a1, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_stage<FMT, TN, NP>(s + 1, 1, nst, sbase, acc, wg_one_abuf(TN) ? a0 : a1, src, K, nf, pair, gq0, have_row,
+                              wunit, sunit, warp, lane);
     }
     wg_wait0();
 }
@@ -146,16 +154,18 @@ typedef void (*kern_t)(MoeDev, MoeRun);
 #define WG1K2(F, A, N) (kern_t)k_wg<F, A, N, 0, 2>
 #define WG2K(F, N, P) (kern_t)k_wg<F, K3_ACT_IDENTITY, N, 1, P>
 
-/* [terms - 1][fmt][tile: 32 or 64 tokens][act - 1] */
-static const kern_t wg_fc1_table[2][2][2][9] = {
-    {{{WACTS(WG1K1, FMT_NV, 32)}, {WACTS(WG1K1, FMT_NV, 64)}},
-     {{WACTS(WG1K1, FMT_MX, 32)}, {WACTS(WG1K1, FMT_MX, 64)}}},
-    {{{WACTS(WG1K2, FMT_NV, 32)}, {WACTS(WG1K2, FMT_NV, 64)}},
-     {{WACTS(WG1K2, FMT_MX, 32)}, {WACTS(WG1K2, FMT_MX, 64)}}},
+/* [terms - 1][fmt][tile: 32, 64 or 128 tokens][act - 1] */
+static const kern_t wg_fc1_table[2][2][3][9] = {
+    {{{WACTS(WG1K1, FMT_NV, 32)}, {WACTS(WG1K1, FMT_NV, 64)}, {WACTS(WG1K1, FMT_NV, 128)}},
+     {{WACTS(WG1K1, FMT_MX, 32)}, {WACTS(WG1K1, FMT_MX, 64)}, {WACTS(WG1K1, FMT_MX, 128)}}},
+    {{{WACTS(WG1K2, FMT_NV, 32)}, {WACTS(WG1K2, FMT_NV, 64)}, {WACTS(WG1K2, FMT_NV, 128)}},
+     {{WACTS(WG1K2, FMT_MX, 32)}, {WACTS(WG1K2, FMT_MX, 64)}, {WACTS(WG1K2, FMT_MX, 128)}}},
 };
-static const kern_t wg_fc2_table[2][2][2] = {
-    {{WG2K(FMT_NV, 32, 1), WG2K(FMT_NV, 64, 1)}, {WG2K(FMT_MX, 32, 1), WG2K(FMT_MX, 64, 1)}},
-    {{WG2K(FMT_NV, 32, 2), WG2K(FMT_NV, 64, 2)}, {WG2K(FMT_MX, 32, 2), WG2K(FMT_MX, 64, 2)}},
+static const kern_t wg_fc2_table[2][2][3] = {
+    {{WG2K(FMT_NV, 32, 1), WG2K(FMT_NV, 64, 1), WG2K(FMT_NV, 128, 1)},
+     {WG2K(FMT_MX, 32, 1), WG2K(FMT_MX, 64, 1), WG2K(FMT_MX, 128, 1)}},
+    {{WG2K(FMT_NV, 32, 2), WG2K(FMT_NV, 64, 2), WG2K(FMT_NV, 128, 2)},
+     {WG2K(FMT_MX, 32, 2), WG2K(FMT_MX, 64, 2), WG2K(FMT_MX, 128, 2)}},
 };
 
 int moe_wg_probe(int *ok, k3_error *err) {
@@ -172,8 +182,8 @@ int moe_wg_probe(int *ok, k3_error *err) {
 
 int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax, cudaStream_t st,
                   k3_error *err) {
-    const int ti = tn == 32 ? 0 : tn == 64 ? 1 : -1;
-    if (ti < 0) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (32 or 64)", tn);
+    const int ti = tn == 32 ? 0 : tn == 64 ? 1 : tn == 128 ? 2 : -1;
+    if (ti < 0) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (32, 64 or 128)", tn);
     /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them */
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
     const int pi = r.np == 2 ? 1 : 0;

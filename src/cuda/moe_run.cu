@@ -1,7 +1,7 @@
 /* The two GPU MoE backends over an uploaded k3_cuda_moe.
  *
  * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
- * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg):
+ * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
  *   fc1       grid (work items x 16-row tiles / 4 warps): swap-AB mma.sync, the weight rows in
@@ -28,30 +28,6 @@ extern "C" {
 #include <string.h>
 
 /* ---- kernels -------------------------------------------------------------------------------- */
-
-__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
-
-/* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
-__device__ float block_amax(float v, float *red) {
-    for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < nw; i++) r = nanmax(r, red[i]);
-    __syncthreads();
-    return r;
-}
-
-__device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) {
-    const float *x = r.x + (size_t)t * m.H;
-    float am = 0.f;
-    for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
-    am = block_amax(am, red);
-    quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
-              blockDim.x, r.plain, r.np == 2);
-}
 
 __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
@@ -123,22 +99,6 @@ __global__ void __launch_bounds__(256) k_finalize(MoeDev m, MoeRun r) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < m.H)
         for (int t = blockIdx.y; t < r.T; t += gridDim.y) finalize_elem(m, r, t, c);
-}
-
-__device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long long target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ctr, 1ULL);
-        unsigned long long v;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
-            if (v >= target) break;
-            __nanosleep(32);
-        }
-        __threadfence();
-    }
-    __syncthreads();
 }
 
 /* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. It reads both
@@ -230,8 +190,8 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
-    if (path < -1 || (path > 0 && path != 32 && path != 64))
-        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32 or 64", path);
+    if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128))
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 64 or 128", path);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = path;
@@ -244,15 +204,16 @@ static int work_items_max(int S, int n_local, int tn) { return (S < n_local ? S 
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
-static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
+/* Carves the workspace for T tokens and top-k k, growing the allocation when needed; the
+ * streaming engine's FC1 partials (stream) and ks2 K ranges of FC2 output. */
+static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, int stream, int ks1, int ks2, k3_error *err) {
     const MoeDev *d = &m->d;
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (size_t)work_items_max(T * k, d->n_local, tn);
-    size_t sz[11] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
-                     wmax * 16, 64};
-    size_t tot = 0, off[11];
-    for (int i = 0; i < 11; i++) {
+    size_t sz[12] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, ks2 * S * H * 4, S * 4, S * 4,
+                     wmax * 16, 64, stream ? ks1 * S * d->m1 * 16 * 4 : 0};
+    size_t tot = 0, off[12];
+    for (int i = 0; i < 12; i++) {
         off[i] = tot;
         tot += al256(sz[i] ? sz[i] : 1);
     }
@@ -276,6 +237,9 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     r->sorted_slot = (int *)(b + off[8]);
     r->work = (int4 *)(b + off[9]);
     r->ctl = (int *)(b + off[10]);
+    r->gpart = (float *)(b + off[11]);
+    r->ks1 = ks1;
+    r->ks2 = ks2;
     r->bar = m->bar;
     return K3_OK;
 }
@@ -293,21 +257,32 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k, int np) {
     return per <= 4 ? 1 : per <= 8 ? 2 : 4;
 }
 
-/* Tokens per touched expert (uniform routing) at which the wgmma tiles (moe_prefill.cu) take
- * over from mma.sync, and at which 64-token tiles take over from 32. Measured on the H200
- * (NVFP4, K3 layer), w4a16 / w4a16-bf16, ms for mma.sync, wgmma-32, wgmma-64: T = 256 (~4.6
- * per expert) 6.7, 11.3, 15.2 / 5.0, 8.8, 11.6; T = 512 (~9.1) 11.4, 11.6, 15.3 / 7.0, 9.0,
- * 11.7; T = 1024 (~18) 21.3, 12.8, 16.0 / 11.6, 9.5, 12.1; T = 2048 (~37) 40.4, 23.0, 19.3 /
- * 22.4, 17.0, 13.2. The same thresholds serve both term counts; the crossovers between those
- * points are not measured. */
+/* Tokens per touched expert (uniform routing) from which the wgmma tiles (moe_prefill.cu) take
+ * over from mma.sync. Measured on the H200 (NVFP4, K3 layer), w4a16 / w4a16-bf16, ms for
+ * mma.sync, wgmma-32: T = 256 (~4.6 per expert) 6.7, 11.3 / 5.0, 8.8; T = 512 (~9.1) 11.4,
+ * 11.6 / 7.0, 9.0; T = 1024 (~18) 21.3, 12.8 / 11.6, 9.5. The crossover between 9 and 18 is not
+ * measured. */
 #define WG_MIN_TOKENS_PER_EXPERT 12
-#define WG_64_TOKENS_PER_EXPERT 28
 
-static int pick_wg(const k3_cuda_moe *m, int T, int k) {
+/* Above it, the tile width with the least work: ceil(tokens / width) items per expert times an
+ * item's cost relative to a 32-token item, from the T = 8192 runs (w4a16: 72.3 / 65.3 / 67.5 ms
+ * over 5 / 3 / 2 items per expert; w4a16-bf16: 51.0 / 42.9 / 40.2 ms). The model reproduces the
+ * measured choice at T = 1024, 2048, 4096 and 8192 in both modes (at T = 4096, ~73 tokens per
+ * expert, 64-token tiles pad to two items: 128 wins by 1.3x; at T = 2048 one 64-token item). */
+static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
     if (!m->wg_ok || m->force_wg < 0) return 0;
     if (m->force_wg > 0) return m->force_wg; /* tokens per tile */
     double per = tokens_per_expert(m, T, k);
-    return per < WG_MIN_TOKENS_PER_EXPERT ? 0 : per < WG_64_TOKENS_PER_EXPERT ? 32 : 64;
+    if (per < WG_MIN_TOKENS_PER_EXPERT) return 0;
+    static const double item_cost[2][3] = {{1.0, 1.40, 1.97}, {1.0, 1.50, 2.33}}; /* [terms - 1][32, 64, 128] */
+    int best = 32;
+    double best_cost = 1e30;
+    for (int i = 0; i < 3; i++) {
+        const int tn = 32 << i;
+        const double c = ceil(per / tn) * item_cost[np - 1][i];
+        if (c < best_cost - 1e-9) best = tn, best_cost = c;
+    }
+    return best;
 }
 
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
@@ -326,11 +301,22 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     cudaStream_t st = (cudaStream_t)stream;
     /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
     const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
-    const int wg = b == K3_CUDA_GROUPED ? pick_wg(m, T, k) : 0;
+    const int wg = b == K3_CUDA_GROUPED ? pick_wg(m, T, k, np) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
     const int tn = wg ? wg : 4 * nt * (3 - np);
-    if (ensure_ws(m, T, k, tn, err)) return err->status;
+    /* the streaming engine for every GEMM below the wgmma switch, both backends */
+    const int streaming = !wg && m->force_engine != 1;
+    int ks1 = 1, ks2 = 1;
+    if (streaming) {
+        if (!m->nsm) K3_CUDA_TRY(err, cudaDeviceGetAttribute(&m->nsm, cudaDevAttrMultiProcessorCount, m->device));
+        const double per = tokens_per_expert(m, T, k), touched = (double)T * k * m->d.n_local / m->d.n_experts / per;
+        const int items = (int)ceil(touched * ceil(per / tn)), S = T * k;
+        const size_t cap = (size_t)256 << 20;
+        ks1 = moe_stream_ks(items * ((m->d.m1 + 15) / 16), m->nsm, m->d.nk1, (size_t)S * m->d.m1 * 16 * 4, cap);
+        ks2 = moe_stream_ks(items * ((m->d.m2 + 15) / 16), m->nsm, m->d.nk2, (size_t)S * m->d.H * 4, cap);
+    }
+    if (ensure_ws(m, T, k, tn, streaming, ks1, ks2, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;
     r.k = k;
@@ -362,15 +348,22 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
+        } else if (streaming) {
+            if (moe_stream_fc(m, d, r, 0, nt, st, err)) return err->status;
         } else
             fc1_table[np - 1][m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_check(err, "k_fc<fc1><<<>>>")) return err->status;
-        k_hconv<<<S, 128, 0, st>>>(d, r);
+        if (streaming) {
+            if (moe_stream_conv(m, d, r, st, err)) return err->status;
+        } else
+            k_hconv<<<S, 128, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
+        } else if (streaming) {
+            if (moe_stream_fc(m, d, r, 1, nt, st, err)) return err->status;
         } else
             fc2_table[np - 1][m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
@@ -378,6 +371,16 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[5], st);
         return launch_check(err, "k_finalize<<<>>>");
+    }
+    r.bar_base = m->bar_epoch;
+    if (streaming) {
+        int need, have;
+        if (!moe_stream_fused_fits(d, &need, &have))
+            return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: inter %d / %d local experts need %d bytes of shared memory, the fused kernel has %d",
+                           d.I, d.n_local, need, have);
+        if (moe_stream_fused(m, d, r, st, err)) return err->status;
+        m->bar_epoch += 4ull * m->sfused_grid;
+        return K3_OK;
     }
     kern_t kf = fused_table[m->fmt][ai];
     int sm = dispatch_smem(m);

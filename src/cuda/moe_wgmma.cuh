@@ -127,44 +127,4 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* mbarriers (shared::cta, 32-bit shared addresses). mbar_wait spins on the phase of the given
- * parity; a wait that outlives any legitimate one traps (a pipeline bug becomes a launch error,
- * never a hung process). */
-__device__ __forceinline__ void mbar_init(uint32_t a, int count) {
-#if K3_WGMMA
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
-#else
-    (void)a, (void)count;
-    __trap();
-#endif
-}
-__device__ __forceinline__ void mbar_init_fence() {
-#if K3_WGMMA
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t a) {
-#if K3_WGMMA
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
-#else
-    (void)a;
-#endif
-}
-__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
-#if K3_WGMMA
-    for (uint32_t spin = 0;; spin++) {
-        uint32_t ok;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-        if (ok) return;
-        if (spin > (1u << 22)) __trap();
-    }
-#else
-    (void)a, (void)parity;
-    __trap();
-#endif
-}
-
 #endif
