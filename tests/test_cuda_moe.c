@@ -392,9 +392,10 @@ static void test_all_tokens_one_expert_and_empty_experts(void **s) {
     }
 }
 
-/* A shape with 8 groups of 16 tiles per expert in each GEMM: at T = 16 the streaming engine
- * has enough units for whole-K ranges (one K range), at T = 1 it splits K (partial sums). */
-static void test_stream_units(void **s) {
+/* A wider shape than the other cases (64 FC1 and 128 FC2 tiles per expert, 16 and 8 k-chunks):
+ * T = 1 takes the in-CTA K split (T*k <= 64) on both halves of every tile, T = 16 whole-K
+ * tiles; both backends. */
+static void test_larger_shape(void **s) {
     (void)s;
     NEED_GPU();
     model m;
@@ -603,7 +604,7 @@ int main(void) {
         cmocka_unit_test(test_w4a16_bf16),
         cmocka_unit_test(test_all_tokens_one_expert_and_empty_experts),
         cmocka_unit_test(test_ep_rank_subsets),
-        cmocka_unit_test(test_stream_units),
+        cmocka_unit_test(test_larger_shape),
         cmocka_unit_test(test_wgmma_path),
     };
     /* tools/gpu-check runs one small case under compute-sanitizer with this filter */

@@ -65,9 +65,7 @@ struct MoeRun {
     float *h; unsigned *hamax;     /* [T*k][I] FC1 output, |h| max bits per position */
     uint4 *hq; float *hs;          /* [T*k][I*4 B], row scale [T*k] */
     int plain;                     /* xq / hq in the plain layout of the wgmma path */
-    float *part;                   /* [ks2][T*k][H] unweighted FC2 output per slot and K range */
-    float *gpart;                  /* [ks1][T*k][m1 * 16] FC1 accumulators (streaming engine) */
-    int ks1, ks2;                  /* K ranges of the streaming engine's FC1 / FC2 units (1 elsewhere) */
+    float *part;                   /* [T*k][H] unweighted FC2 output per slot */
     int *sorted_tok, *sorted_slot; /* [T*k] */
     int4 *work;                    /* [wmax] (expert, first position, tokens) */
     int *ctl;                      /* [0] = positions P, [1] = work items */
@@ -404,48 +402,6 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem)
     if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; }
 }
 
-/* ---- block-wide helpers, x rows, the grid barrier of the fused kernels ----------------------- */
-
-__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
-
-/* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
-__device__ __forceinline__ float block_amax(float v, float *red) {
-    for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < nw; i++) r = nanmax(r, red[i]);
-    __syncthreads();
-    return r;
-}
-
-__device__ __forceinline__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) {
-    const float *x = r.x + (size_t)t * m.H;
-    float am = 0.f;
-    for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
-    am = block_amax(am, red);
-    quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
-              blockDim.x, r.plain, r.np == 2);
-}
-
-__device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long long target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ctr, 1ULL);
-        unsigned long long v;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
-            if (v >= target) break;
-            __nanosleep(32);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 /* ---- the two GEMM work items and the small stages ---------------------------------------- */
 
 __device__ __forceinline__ float warp_max8(float v) {
@@ -606,20 +562,13 @@ __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int 
               tid, nth, r.plain, r.np == 2);
 }
 
-/* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c], each part the
- * sum of its ks2 K ranges in order. */
+/* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */
 __device__ __forceinline__ void finalize_elem(const MoeDev &m, const MoeRun &r, int t, int c) {
     float acc = 0.f;
-    const size_t ps = (size_t)r.T * r.k * m.H;
     for (int j = 0; j < r.k; j++) {
         int s = t * r.k + j;
         unsigned e = (unsigned)(r.ids[s] - m.first_local);
-        if (e < (unsigned)m.n_local) {
-            const float *pp = r.part + (size_t)s * m.H + c;
-            float v = pp[0];
-            for (int kp = 1; kp < r.ks2; kp++) v += pp[kp * ps];
-            acc += r.rw[s] * v;
-        }
+        if (e < (unsigned)m.n_local) acc += r.rw[s] * r.part[(size_t)s * m.H + c];
     }
     r.y[(size_t)t * m.H + c] = acc;
 }

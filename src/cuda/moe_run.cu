@@ -4,7 +4,7 @@
  * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
- *   fc1       grid (work items x 16-row tiles / 4 warps): swap-AB mma.sync, the weight rows in
+ *   fc1       grid (work items x 16-row tiles / 4 or 8 warps): swap-AB mma.sync, the weight rows in
  *             the MMA M slot, tokens in N; activation in the epilogue, h = fp32 [P, I];
  *   hconv     h rows into the B layout (the row scale needs the whole row's |h| max);
  *   fc2       the same tile loop over w2, unweighted rows per (token, slot);
@@ -29,6 +29,30 @@ extern "C" {
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
+__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+
+/* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
+__device__ float block_amax(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < nw; i++) r = nanmax(r, red[i]);
+    __syncthreads();
+    return r;
+}
+
+__device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) {
+    const float *x = r.x + (size_t)t * m.H;
+    float am = 0.f;
+    for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
+    am = block_amax(am, red);
+    quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
+              blockDim.x, r.plain, r.np == 2);
+}
+
 __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
     if (blockIdx.x == 0) {
@@ -38,21 +62,27 @@ __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
 }
 
-/* In-CTA split-K for small T: with blockDim = 256 the warps w and w + 4 take the two halves
- * of K of the same tile; the upper half's accumulators go through shared memory and are
+/* Warps per CTA of the grouped FC kernels, one 16-row tile of the same work item each: 4 for
+ * one-fragment tiles (decode: small CTAs fill the device), 8 for wider tiles, whose tokens' rows
+ * the 8 warps then read through L1 once per CTA instead of once per 4 warps (T = 256, 8-token
+ * tiles: L2 was at 87% of its throughput with 4). */
+__host__ __device__ constexpr int fc_warps(int nt) { return nt == 1 ? WARPS : 2 * WARPS; }
+
+/* In-CTA split-K for small T: with blockDim = 2 * 32 * NW the warps w and w + NW take the two
+ * halves of K of the same tile; the upper half's accumulators go through shared memory and are
  * added in a fixed order (lower + upper), so the result does not depend on timing. At T = 1
  * this turns 1.3 waves of whole-K tiles into ~3 waves of half-K tiles. */
-template <int NT>
+template <int NT, int NW>
 __device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, float (*red)[NT * 4][32]) {
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (blockDim.x == 2 * 32 * WARPS) {
-        if (w >= WARPS && active)
+    if (blockDim.x == 2 * 32 * NW) {
+        if (w >= NW && active)
 #pragma unroll
             for (int f = 0; f < NT; f++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) red[w - WARPS][f * 4 + i][lane] = acc[f][i];
+                for (int i = 0; i < 4; i++) red[w - NW][f * 4 + i][lane] = acc[f][i];
         __syncthreads();
-        if (w >= WARPS) return false;
+        if (w >= NW) return false;
         if (active)
 #pragma unroll
             for (int f = 0; f < NT; f++)
@@ -62,29 +92,30 @@ __device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, flo
     return active;
 }
 
+template <int NW>
 __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
     const int w = threadIdx.x >> 5;
-    if (blockDim.x == 2 * 32 * WARPS) {
-        *c0 = w < WARPS ? 0 : nk / 2;
-        *c1 = w < WARPS ? nk / 2 : nk;
+    if (blockDim.x == 2 * 32 * NW) {
+        *c0 = w < NW ? 0 : nk / 2;
+        *c1 = w < NW ? nk / 2 : nk;
     } else {
         *c0 = 0;
         *c1 = nk;
     }
 }
 
-/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tiles). */
-template <int FMT, int ACT, int NT, int FC2, int NP>
-__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
-    __shared__ float red[WARPS][NT * 4][32];
-    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x tile groups). */
+template <int FMT, int ACT, int NT, int FC2, int NP, int NW>
+__global__ void __launch_bounds__(2 * 32 * NW) k_fc(MoeDev m, MoeRun r) {
+    __shared__ float red[NW][NT * 4][32];
+    const int wi = blockIdx.x, mt = blockIdx.y * NW + ((threadIdx.x >> 5) & (NW - 1)), lane = threadIdx.x & 31;
     const bool active = wi < r.ctl[1] && mt < (FC2 ? m.m2 : m.m1);
     int c0, c1;
-    ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
+    ksplit_range<NW>(FC2 ? m.nk2 : m.nk1, &c0, &c1);
     float acc[NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
     if (active) tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
-    if (ksplit_reduce<NT>(acc, active, red)) {
+    if (ksplit_reduce<NT, NW>(acc, active, red)) {
         if (FC2) fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
         else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
     }
@@ -99,6 +130,22 @@ __global__ void __launch_bounds__(256) k_finalize(MoeDev m, MoeRun r) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < m.H)
         for (int t = blockIdx.y; t < r.T; t += gridDim.y) finalize_elem(m, r, t, c);
+}
+
+__device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long long target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(ctr, 1ULL);
+        unsigned long long v;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
+            if (v >= target) break;
+            __nanosleep(32);
+        }
+        __threadfence();
+    }
+    __syncthreads();
 }
 
 /* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. It reads both
@@ -134,8 +181,10 @@ typedef void (*kern_t)(MoeDev, MoeRun);
     X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
         X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
         X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
-#define FC1K2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2>
-#define FC1K1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1>
+#define FC1K2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2, fc_warps(N)>
+#define FC1K1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1, fc_warps(N)>
+#define FC1W2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2, WARPS>
+#define FC1W1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1, WARPS>
 #define FUSK(F, A, N) (kern_t)k_fused<F, A>
 
 /* [terms - 1][fmt][nt index][act - 1] */
@@ -145,7 +194,17 @@ static const kern_t fc1_table[2][2][3][9] = {
     {{{ACTS(FC1K2, FMT_NV, 1)}, {ACTS(FC1K2, FMT_NV, 2)}, {ACTS(FC1K2, FMT_NV, 4)}},
      {{ACTS(FC1K2, FMT_MX, 1)}, {ACTS(FC1K2, FMT_MX, 2)}, {ACTS(FC1K2, FMT_MX, 4)}}},
 };
-#define FC2K(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P>
+/* lab A/B (force_nw = 4): the wider tiles on 4-warp CTAs, as before fc_warps */
+static const kern_t fc1_table_w4[2][2][2][9] = {
+    {{{ACTS(FC1W1, FMT_NV, 2)}, {ACTS(FC1W1, FMT_NV, 4)}}, {{ACTS(FC1W1, FMT_MX, 2)}, {ACTS(FC1W1, FMT_MX, 4)}}},
+    {{{ACTS(FC1W2, FMT_NV, 2)}, {ACTS(FC1W2, FMT_NV, 4)}}, {{ACTS(FC1W2, FMT_MX, 2)}, {ACTS(FC1W2, FMT_MX, 4)}}},
+};
+#define FC2W(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P, WARPS>
+static const kern_t fc2_table_w4[2][2][2] = {
+    {{FC2W(FMT_NV, 2, 1), FC2W(FMT_NV, 4, 1)}, {FC2W(FMT_MX, 2, 1), FC2W(FMT_MX, 4, 1)}},
+    {{FC2W(FMT_NV, 2, 2), FC2W(FMT_NV, 4, 2)}, {FC2W(FMT_MX, 2, 2), FC2W(FMT_MX, 4, 2)}},
+};
+#define FC2K(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P, fc_warps(N)>
 static const kern_t fc2_table[2][2][3] = {
     {{FC2K(FMT_NV, 1, 1), FC2K(FMT_NV, 2, 1), FC2K(FMT_NV, 4, 1)},
      {FC2K(FMT_MX, 1, 1), FC2K(FMT_MX, 2, 1), FC2K(FMT_MX, 4, 1)}},
@@ -204,16 +263,15 @@ static int work_items_max(int S, int n_local, int tn) { return (S < n_local ? S 
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* Carves the workspace for T tokens and top-k k, growing the allocation when needed; the
- * streaming engine's FC1 partials (stream) and ks2 K ranges of FC2 output. */
-static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, int stream, int ks1, int ks2, k3_error *err) {
+/* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
+static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     const MoeDev *d = &m->d;
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (size_t)work_items_max(T * k, d->n_local, tn);
-    size_t sz[12] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, ks2 * S * H * 4, S * 4, S * 4,
-                     wmax * 16, 64, stream ? ks1 * S * d->m1 * 16 * 4 : 0};
-    size_t tot = 0, off[12];
-    for (int i = 0; i < 12; i++) {
+    size_t sz[11] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
+                     wmax * 16, 64};
+    size_t tot = 0, off[11];
+    for (int i = 0; i < 11; i++) {
         off[i] = tot;
         tot += al256(sz[i] ? sz[i] : 1);
     }
@@ -237,9 +295,6 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, int stream, int ks1, 
     r->sorted_slot = (int *)(b + off[8]);
     r->work = (int4 *)(b + off[9]);
     r->ctl = (int *)(b + off[10]);
-    r->gpart = (float *)(b + off[11]);
-    r->ks1 = ks1;
-    r->ks2 = ks2;
     r->bar = m->bar;
     return K3_OK;
 }
@@ -305,18 +360,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
     const int tn = wg ? wg : 4 * nt * (3 - np);
-    /* the streaming engine for every GEMM below the wgmma switch, both backends */
-    const int streaming = !wg && m->force_engine != 1;
-    int ks1 = 1, ks2 = 1;
-    if (streaming) {
-        if (!m->nsm) K3_CUDA_TRY(err, cudaDeviceGetAttribute(&m->nsm, cudaDevAttrMultiProcessorCount, m->device));
-        const double per = tokens_per_expert(m, T, k), touched = (double)T * k * m->d.n_local / m->d.n_experts / per;
-        const int items = (int)ceil(touched * ceil(per / tn)), S = T * k;
-        const size_t cap = (size_t)256 << 20;
-        ks1 = moe_stream_ks(items * ((m->d.m1 + 15) / 16), m->nsm, m->d.nk1, (size_t)S * m->d.m1 * 16 * 4, cap);
-        ks2 = moe_stream_ks(items * ((m->d.m2 + 15) / 16), m->nsm, m->d.nk2, (size_t)S * m->d.H * 4, cap);
-    }
-    if (ensure_ws(m, T, k, tn, streaming, ks1, ks2, err)) return err->status;
+    if (ensure_ws(m, T, k, tn, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;
     r.k = k;
@@ -345,42 +389,28 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
         /* K halves in one CTA when the tiles alone would not fill the device (decode) */
-        const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
+        const bool w4 = m->force_nw == WARPS && nt > 1;
+        const int nw = w4 ? WARPS : fc_warps(nt), ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * nw * ks;
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
-        } else if (streaming) {
-            if (moe_stream_fc(m, d, r, 0, nt, st, err)) return err->status;
         } else
-            fc1_table[np - 1][m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+            (w4 ? fc1_table_w4[np - 1][m->fmt][nti - 1][ai] : fc1_table[np - 1][m->fmt][nti][ai])<<<
+                dim3(wmax, (fc1_tiles + nw - 1) / nw), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_check(err, "k_fc<fc1><<<>>>")) return err->status;
-        if (streaming) {
-            if (moe_stream_conv(m, d, r, st, err)) return err->status;
-        } else
-            k_hconv<<<S, 128, 0, st>>>(d, r);
+        k_hconv<<<S, 128, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[3], st);
         if (launch_check(err, "k_hconv<<<>>>")) return err->status;
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
-        } else if (streaming) {
-            if (moe_stream_fc(m, d, r, 1, nt, st, err)) return err->status;
         } else
-            fc2_table[np - 1][m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+            (w4 ? fc2_table_w4[np - 1][m->fmt][nti - 1] : fc2_table[np - 1][m->fmt][nti])<<<
+                dim3(wmax, (d.m2 + nw - 1) / nw), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
         if (launch_check(err, "k_fc<fc2><<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[5], st);
         return launch_check(err, "k_finalize<<<>>>");
-    }
-    r.bar_base = m->bar_epoch;
-    if (streaming) {
-        int need, have;
-        if (!moe_stream_fused_fits(d, &need, &have))
-            return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: inter %d / %d local experts need %d bytes of shared memory, the fused kernel has %d",
-                           d.I, d.n_local, need, have);
-        if (moe_stream_fused(m, d, r, st, err)) return err->status;
-        m->bar_epoch += 4ull * m->sfused_grid;
-        return K3_OK;
     }
     kern_t kf = fused_table[m->fmt][ai];
     int sm = dispatch_smem(m);

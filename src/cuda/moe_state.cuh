@@ -24,15 +24,12 @@ struct k3_cuda_moe {
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
     int force_ks; /* 1 or 2 K halves per tile in the grouped FC kernels; 0 = automatic */
+    int force_nw; /* lab A/B: 4 runs the 8- and 16-token mma.sync tiles on 4-warp CTAs; 0 = fc_warps */
     int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
     cudaEvent_t *stage_ev;
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;
     int fused_grid;
-    int nsm;              /* multiprocessors: the streaming engine's persistent grid */
-    unsigned sfc_attr;    /* k_sfc specializations whose shared-memory limit is raised */
-    int sconv_attr, sfused_grid;
-    int force_engine;     /* lab: 1 = the per-warp mma.sync kernels (k_fc, k_fused) instead of the streaming engine */
     int wg_ok; /* the binary has the sm_90a wgmma kernels and the device runs them (moe_wg_probe) */
 };
 
@@ -51,14 +48,5 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
 int moe_wg_probe(int *ok, k3_error *err);
 int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax,
                   cudaStream_t st, k3_error *err);
-
-/* The streaming engine (moe_stream.cu): the FC1 / FC2 phase over the work items (nt fragments
- * per tile, r.np terms), the h stage from the FC1 partials, the fused kernel, and the choices
- * that size their buffers. */
-int moe_stream_fc(k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int nt, cudaStream_t st, k3_error *err);
-int moe_stream_conv(k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, cudaStream_t st, k3_error *err);
-int moe_stream_fused(k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, cudaStream_t st, k3_error *err);
-int moe_stream_fused_fits(const MoeDev &d, int *need, int *have);
-int moe_stream_ks(int units, int nsm, int nk, size_t bytes_per_range, size_t cap);
 
 #endif
