@@ -114,7 +114,6 @@ typedef struct k3_cuda_bench_opts {
     int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the grouped kernels; 0 = automatic */
     int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
-    int warps;           /* lab A/B: 0 automatic, 4 puts the wider mma.sync tiles on 4-warp CTAs */
 } k3_cuda_bench_opts;
 
 typedef struct k3_cuda_bench_result {

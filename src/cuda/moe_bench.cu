@@ -89,11 +89,6 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32, 64 or 128)", o->wgmma);
     }
     b->m.force_wg = o->wgmma;
-    if (o->warps != 0 && o->warps != 4) {
-        free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: warps %d (expected 0 or 4)", o->warps);
-    }
-    b->m.force_nw = o->warps;
     const int mx = o->fmt == K3_WFMT_MXFP4;
     if (k3_cuda_moe_alloc(&b->m, o->n_experts, 0, o->n_experts, o->hidden, o->inter, mx ? FMT_MX : FMT_NV, o->act, true,
                           err)) {

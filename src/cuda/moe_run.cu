@@ -4,7 +4,7 @@
  * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
- *   fc1       grid (work items x 16-row tiles / 4 or 8 warps): swap-AB mma.sync, the weight rows in
+ *   fc1       grid (work items x 16-row tiles / 4 warps): swap-AB mma.sync, the weight rows in
  *             the MMA M slot, tokens in N; activation in the epilogue, h = fp32 [P, I];
  *   hconv     h rows into the B layout (the row scale needs the whole row's |h| max);
  *   fc2       the same tile loop over w2, unweighted rows per (token, slot);
@@ -62,27 +62,21 @@ __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
 }
 
-/* Warps per CTA of the grouped FC kernels, one 16-row tile of the same work item each: 4 for
- * one-fragment tiles (decode: small CTAs fill the device), 8 for wider tiles, whose tokens' rows
- * the 8 warps then read through L1 once per CTA instead of once per 4 warps (T = 256, 8-token
- * tiles: L2 was at 87% of its throughput with 4). */
-__host__ __device__ constexpr int fc_warps(int nt) { return nt == 1 ? WARPS : 2 * WARPS; }
-
-/* In-CTA split-K for small T: with blockDim = 2 * 32 * NW the warps w and w + NW take the two
- * halves of K of the same tile; the upper half's accumulators go through shared memory and are
+/* In-CTA split-K for small T: with blockDim = 2 * 32 * WARPS the warps w and w + WARPS take the
+ * two halves of K of the same tile; the upper half's accumulators go through shared memory and are
  * added in a fixed order (lower + upper), so the result does not depend on timing. At T = 1
  * this turns 1.3 waves of whole-K tiles into ~3 waves of half-K tiles. */
-template <int NT, int NW>
+template <int NT>
 __device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, float (*red)[NT * 4][32]) {
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (blockDim.x == 2 * 32 * NW) {
-        if (w >= NW && active)
+    if (blockDim.x == 2 * 32 * WARPS) {
+        if (w >= WARPS && active)
 #pragma unroll
             for (int f = 0; f < NT; f++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) red[w - NW][f * 4 + i][lane] = acc[f][i];
+                for (int i = 0; i < 4; i++) red[w - WARPS][f * 4 + i][lane] = acc[f][i];
         __syncthreads();
-        if (w >= NW) return false;
+        if (w >= WARPS) return false;
         if (active)
 #pragma unroll
             for (int f = 0; f < NT; f++)
@@ -92,30 +86,29 @@ __device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, flo
     return active;
 }
 
-template <int NW>
 __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
     const int w = threadIdx.x >> 5;
-    if (blockDim.x == 2 * 32 * NW) {
-        *c0 = w < NW ? 0 : nk / 2;
-        *c1 = w < NW ? nk / 2 : nk;
+    if (blockDim.x == 2 * 32 * WARPS) {
+        *c0 = w < WARPS ? 0 : nk / 2;
+        *c1 = w < WARPS ? nk / 2 : nk;
     } else {
         *c0 = 0;
         *c1 = nk;
     }
 }
 
-/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x tile groups). */
-template <int FMT, int ACT, int NT, int FC2, int NP, int NW>
-__global__ void __launch_bounds__(2 * 32 * NW) k_fc(MoeDev m, MoeRun r) {
-    __shared__ float red[NW][NT * 4][32];
-    const int wi = blockIdx.x, mt = blockIdx.y * NW + ((threadIdx.x >> 5) & (NW - 1)), lane = threadIdx.x & 31;
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tiles). */
+template <int FMT, int ACT, int NT, int FC2, int NP>
+__global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
+    __shared__ float red[WARPS][NT * 4][32];
+    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
     const bool active = wi < r.ctl[1] && mt < (FC2 ? m.m2 : m.m1);
     int c0, c1;
-    ksplit_range<NW>(FC2 ? m.nk2 : m.nk1, &c0, &c1);
+    ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
     float acc[NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
     if (active) tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
-    if (ksplit_reduce<NT, NW>(acc, active, red)) {
+    if (ksplit_reduce<NT>(acc, active, red)) {
         if (FC2) fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
         else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
     }
@@ -181,10 +174,8 @@ typedef void (*kern_t)(MoeDev, MoeRun);
     X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
         X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
         X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
-#define FC1K2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2, fc_warps(N)>
-#define FC1K1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1, fc_warps(N)>
-#define FC1W2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2, WARPS>
-#define FC1W1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1, WARPS>
+#define FC1K2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2>
+#define FC1K1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1>
 #define FUSK(F, A, N) (kern_t)k_fused<F, A>
 
 /* [terms - 1][fmt][nt index][act - 1] */
@@ -194,17 +185,7 @@ static const kern_t fc1_table[2][2][3][9] = {
     {{{ACTS(FC1K2, FMT_NV, 1)}, {ACTS(FC1K2, FMT_NV, 2)}, {ACTS(FC1K2, FMT_NV, 4)}},
      {{ACTS(FC1K2, FMT_MX, 1)}, {ACTS(FC1K2, FMT_MX, 2)}, {ACTS(FC1K2, FMT_MX, 4)}}},
 };
-/* lab A/B (force_nw = 4): the wider tiles on 4-warp CTAs, as before fc_warps */
-static const kern_t fc1_table_w4[2][2][2][9] = {
-    {{{ACTS(FC1W1, FMT_NV, 2)}, {ACTS(FC1W1, FMT_NV, 4)}}, {{ACTS(FC1W1, FMT_MX, 2)}, {ACTS(FC1W1, FMT_MX, 4)}}},
-    {{{ACTS(FC1W2, FMT_NV, 2)}, {ACTS(FC1W2, FMT_NV, 4)}}, {{ACTS(FC1W2, FMT_MX, 2)}, {ACTS(FC1W2, FMT_MX, 4)}}},
-};
-#define FC2W(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P, WARPS>
-static const kern_t fc2_table_w4[2][2][2] = {
-    {{FC2W(FMT_NV, 2, 1), FC2W(FMT_NV, 4, 1)}, {FC2W(FMT_MX, 2, 1), FC2W(FMT_MX, 4, 1)}},
-    {{FC2W(FMT_NV, 2, 2), FC2W(FMT_NV, 4, 2)}, {FC2W(FMT_MX, 2, 2), FC2W(FMT_MX, 4, 2)}},
-};
-#define FC2K(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P, fc_warps(N)>
+#define FC2K(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P>
 static const kern_t fc2_table[2][2][3] = {
     {{FC2K(FMT_NV, 1, 1), FC2K(FMT_NV, 2, 1), FC2K(FMT_NV, 4, 1)},
      {FC2K(FMT_MX, 1, 1), FC2K(FMT_MX, 2, 1), FC2K(FMT_MX, 4, 1)}},
@@ -389,13 +370,11 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
         /* K halves in one CTA when the tiles alone would not fill the device (decode) */
-        const bool w4 = m->force_nw == WARPS && nt > 1;
-        const int nw = w4 ? WARPS : fc_warps(nt), ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * nw * ks;
+        const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
         } else
-            (w4 ? fc1_table_w4[np - 1][m->fmt][nti - 1][ai] : fc1_table[np - 1][m->fmt][nti][ai])<<<
-                dim3(wmax, (fc1_tiles + nw - 1) / nw), thr, 0, st>>>(d, r);
+            fc1_table[np - 1][m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_check(err, "k_fc<fc1><<<>>>")) return err->status;
         k_hconv<<<S, 128, 0, st>>>(d, r);
@@ -404,8 +383,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
         } else
-            (w4 ? fc2_table_w4[np - 1][m->fmt][nti - 1] : fc2_table[np - 1][m->fmt][nti])<<<
-                dim3(wmax, (d.m2 + nw - 1) / nw), thr, 0, st>>>(d, r);
+            fc2_table[np - 1][m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
         if (ev) cudaEventRecord(ev[4], st);
         if (launch_check(err, "k_fc<fc2><<<>>>")) return err->status;
         k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);

@@ -24,7 +24,6 @@ struct k3_cuda_moe {
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
     int force_ks; /* 1 or 2 K halves per tile in the grouped FC kernels; 0 = automatic */
-    int force_nw; /* lab A/B: 4 runs the 8- and 16-token mma.sync tiles on 4-warp CTAs; 0 = fc_warps */
     int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
     cudaEvent_t *stage_ev;
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
