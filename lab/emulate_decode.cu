@@ -2,9 +2,9 @@
  * random NVFP4 and MXFP4 matrices with the upload code (moe_layout.cu, included), decodes
  * every lane's A-fragment registers the way decode_reg does (fp16 bit placement, times the
  * E4M3 scale, sign), and checks every element against direct dequantization, exactly.
- * Build: nvcc -std=c++17 -Isrc -Iinclude -gencode=arch=compute_90a,code=sm_90a lab/emulate_decode.cu src/cuda/device.cu src/cuda/moe_prefill.cu
- *        src/base/status.c
- *        src/moe/activation.c -o build/emu && build/emu */
+ * Build: nvcc -std=c++17 -Isrc -Iinclude -gencode=arch=compute_90a,code=sm_90a lab/emulate_decode.cu
+ *        src/cuda/device.cu src/cuda/moe_prefill.cu src/base/status.c src/moe/activation.c
+ *        -o build/emu && build/emu */
 #include "../src/cuda/moe_layout.cu"
 #include <stdio.h>
 
@@ -61,12 +61,8 @@ int main(void) {
                         if (fmt == FMT_NV) p0 = su[g * 16 + 2 * ss], p1 = su[g * 16 + 2 * ss + 1];
                         else p0 = su[g * 8 + 2 * (ss >> 1)], p1 = su[g * 8 + 2 * (ss >> 1) + 1];
                         for (int i = 0; i < 4; i++) {
-                            /* the bit moves of decode_reg, written out on the host */
-                            const int mp = mag_pos(i), sp = sgn_pos(i);
-                            uint32_t x = mp <= 9 ? word << (9 - mp) : word >> (mp - 9);
-                            uint32_t mag = x & 0x0E000E00u, sgn = (word << (15 - sp)) & 0x80008000u;
-                            if (15 - sp == 9 - mp && (x & 0x80008000u) != sgn && bad++ < 10)
-                                printf("register %d: the shared shift does not place the sign\n", i);
+                            /* decode_reg's own bit moves; the fp16 product in double */
+                            const uint32_t mag = decode_mul(word, i), sgn = decode_or(word, i);
                             double scl = e4m3d(i & 1 ? p1 : p0);
                             for (int hh = 0; hh < 2; hh++) {
                                 double v = half_bits((uint16_t)(mag >> (16 * hh))) * scl;

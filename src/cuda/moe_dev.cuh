@@ -123,14 +123,25 @@ __device__ __forceinline__ __half2 e4m3x2_to_h2(uint32_t pair16) {
 __host__ __device__ constexpr int mag_pos(int i) { return i == 0 ? 0 : i == 1 ? 3 : i == 2 ? 9 : 12; }
 __host__ __device__ constexpr int sgn_pos(int i) { return i == 0 ? 6 : i == 1 ? 7 : i == 2 ? 15 : 8; }
 
-/* Register i of the A fragment from one packed word: both halves at once, times the block
- * scale (one HMUL2: exact, see the file comment). */
+/* The bit moves of register i, both halves at once: decode_mul is the fp16x2 word the scale
+ * multiplies (magnitude, and the sign where one shift places both), decode_or the sign bits
+ * or-ed in after the multiply (0 where the multiply carries them). Host code (the lab
+ * emulation) calls the same two. */
+__host__ __device__ constexpr bool sign_shared(int i) { return 15 - sgn_pos(i) == 9 - mag_pos(i); }
+__host__ __device__ constexpr uint32_t decode_mul(uint32_t w, int i) {
+    return (mag_pos(i) <= 9 ? w << (9 - mag_pos(i)) : w >> (mag_pos(i) - 9)) &
+           (sign_shared(i) ? 0x8E008E00u : 0x0E000E00u);
+}
+__host__ __device__ constexpr uint32_t decode_or(uint32_t w, int i) {
+    return sign_shared(i) ? 0u : (w << (15 - sgn_pos(i))) & 0x80008000u;
+}
+
+/* Register i of the A fragment from one packed word, times the block scale (one HMUL2: exact,
+ * see the file comment). */
 template <int I>
 __device__ __forceinline__ uint32_t decode_reg(uint32_t w, __half2 scale) {
-    constexpr int mp = mag_pos(I), sp = sgn_pos(I);
-    const uint32_t x = mp <= 9 ? w << (9 - mp) : w >> (mp - 9);
-    if constexpr (15 - sp == 9 - mp) return h2_bits(__hmul2(bits_h2(x & 0x8E008E00u), scale));
-    return h2_bits(__hmul2(bits_h2(x & 0x0E000E00u), scale)) | ((w << (15 - sp)) & 0x80008000u);
+    const uint32_t r = h2_bits(__hmul2(bits_h2(decode_mul(w, I)), scale));
+    return sign_shared(I) ? r : r | decode_or(w, I);
 }
 
 /* The A fragment (a0..a3, the m16n8k16 / wgmma register layout) of k-step s (0..7) of

@@ -6,8 +6,9 @@
  * holds the 8 E2M1 codes of its A fragment registers R_i (i = 0..3: rows g, g+8, g, g+8;
  * k = 16 s + 2q + 8 (i/2) + {0, 1}): magnitude and sign of the even k in the low half, of the
  * odd k in the high half, at the bit positions mag_pos(i) / sgn_pos(i) of moe_dev.cuh, so that
- * decode_reg is at most two shifts, two masks and one HMUL2. FC1 tiles (gated) are 8 up rows (w3) then the 8 gate rows (w1) of the same i, so
- * the activation sees gate and up of one i in one thread. Scale unit (NVFP4): per row group
+ * decode_reg is at most two shifts, two masks and one HMUL2. FC1 tiles (gated) are 8 up rows
+ * (w3) then the 8 gate rows (w1) of the same i, so the activation sees gate and up of one i
+ * in one thread. Scale unit (NVFP4): per row group
  * g, 16 bytes [s(g, b), s(g+8, b)] for the 8 16-blocks of the chunk; MXFP4: 8 bytes for the
  * 4 32-blocks, each E8M0 2^e re-based to the E4M3 byte of 2^(e - shift), shift = e_max - 8
  * over the matrix's non-zero blocks (an all-zero block's exponent never matters).
