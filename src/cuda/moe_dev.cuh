@@ -140,8 +140,7 @@ __host__ __device__ constexpr uint32_t decode_or(uint32_t w, int i) {
  * see the file comment). */
 template <int I>
 __device__ __forceinline__ uint32_t decode_reg(uint32_t w, __half2 scale) {
-    const uint32_t r = h2_bits(__hmul2(bits_h2(decode_mul(w, I)), scale));
-    return sign_shared(I) ? r : r | decode_or(w, I);
+    return h2_bits(__hmul2(bits_h2(decode_mul(w, I)), scale)) | decode_or(w, I);
 }
 
 /* The A fragment (a0..a3, the m16n8k16 / wgmma register layout) of k-step s (0..7) of
