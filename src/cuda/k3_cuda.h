@@ -111,7 +111,8 @@ typedef struct k3_cuda_bench_opts {
     int warmup, reps;
     uint64_t seed;
     int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
-    int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the grouped kernels; 0 = automatic */
+    int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the mma.sync kernels (grouped and
+                            fused); 0 = automatic */
     int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
 } k3_cuda_bench_opts;
@@ -121,8 +122,9 @@ typedef struct k3_cuda_bench_result {
     int touched;             /* distinct experts the routing selected */
     double expert_bytes;     /* bytes of the touched experts (weights + scales) */
     double flops;            /* 2 * T * k * (3 * H * I) for gated activations */
-    /* grouped backend only, from one extra run with events between the launches:
-     * prep (dispatch + x), fc1, hconv, fc2, finalize, in microseconds */
+    /* from one extra run: prep (dispatch + x), fc1, hconv, fc2, finalize, in microseconds;
+     * grouped: events between the launches; fused: block 0's %globaltimer after each grid
+     * barrier (a stage includes the barrier that ends it, finalize is block 0's share) */
     double stage_us[5];
 } k3_cuda_bench_result;
 

@@ -220,6 +220,15 @@ extern "C" int k3_cuda_bench_run(k3_cuda_bench *b, k3_cuda_backend backend, int 
         }
         for (int i = 0; i < 6; i++) cudaEventDestroy(ev[i]);
     }
+    if (rc == K3_OK && backend == K3_CUDA_FUSED) {
+        unsigned long long st[6] = {0};
+        b->m.fused_stamps = 1;
+        rc = k3_cuda_moe_run(&b->m, backend, o->mode, b->dx, T, b->di, b->dw, k, b->dy, NULL, err);
+        b->m.fused_stamps = 0;
+        if (rc == K3_OK && (ce = cudaMemcpy(st, b->m.r.ctl + 4, sizeof st, cudaMemcpyDeviceToHost)) != cudaSuccess)
+            rc = k3_cuda_fail(err, ce, "cuda bench: fused stamps", __FILE__, __LINE__);
+        for (int i = 0; i < 5 && rc == K3_OK; i++) res->stage_us[i] = (double)(st[i + 1] - st[i]) * 1e-3;
+    }
     if (rc == K3_OK) {
         qsort(ts, nb, sizeof(double), cmp_d);
         res->us_median = ts[nb / 2];

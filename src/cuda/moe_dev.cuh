@@ -71,6 +71,10 @@ struct MoeRun {
     int *ctl;                      /* [0] = positions P, [1] = work items */
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
+    int ksplit;                    /* fused: 2 = two K halves per tile (T*k <= 64), 1 = whole K */
+    int pdl;                       /* grouped mma.sync chain launched with programmatic dependence */
+    unsigned long long *stamps;    /* fused, benchmark only (else NULL): block 0's %globaltimer at
+                                      the start, after each grid barrier and at its end [6] */
 };
 
 /* FC1 rows per expert (2I gated, I otherwise): the one table's rule, moe/activation.h. The
@@ -86,6 +90,11 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
                  : "l"(p));
     return v;
 }
+
+/* Programmatic dependent launch (sm_90): wait for the preceding kernel's completion and
+ * memory; let the next kernel's CTAs be scheduled. Both are no-ops in a plain launch. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -194,7 +203,7 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
 template <int FMT, int NT, int NP>
 __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
                                           int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
-                                          int lane, float acc[NT][4]) {
+                                          int lane, float acc[NT][4], bool dep_wait = false) {
     const int q = lane & 3, part = NP == 2 ? (lane >> 2) & 1 : 0;
 #pragma unroll
     for (int f = 0; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
@@ -207,6 +216,7 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
     uint4 aw0 = make_uint4(0, 0, 0, 0), aw1 = aw0, as = aw0, bw0 = aw0, bw1 = aw0, bs = aw0;
     if (c0 < c1) load_unit<FMT>(wq, sq, c0, lane, aw0, aw1, as);
     if (c0 + 1 < c1) load_unit<FMT>(wq, sq, c0 + 1, lane, bw0, bw1, bs);
+    if (dep_wait) pdl_wait();
 #pragma unroll 1
     for (int c = c0; c < c1; c++) {
         uint4 cw0 = make_uint4(0, 0, 0, 0), cw1 = cw0, cs = cw0;
@@ -263,7 +273,9 @@ __device__ __forceinline__ float act_plain(float x) {
 /* ---- activation rows into the B fragment layout ------------------------------------------ */
 
 /* Half index of element k, part (0 = hi, 1 = lo) inside one row of the B layout: per 128-k
- * chunk [part][q][k-step][b0b1 | b2b3][2], so lane (q, part) reads 64 contiguous bytes. */
+ * chunk [part][q][k-step][b0b1 | b2b3][2], so lane (q, part) reads 64 contiguous bytes. (A
+ * layout with the 8 lanes of a token on 128 contiguous bytes per load, one L1 line per token
+ * and instruction, was measured slower at T = 1 .. 64 and not faster at 256: lab/NOTES.md v13.) */
 __device__ __forceinline__ int bq_index(int k, int part) {
     int c = k >> 7, kk = k & 127, s = kk >> 4, w = kk & 15;
     int q = (w & 7) >> 1, which = w >> 3, e = w & 1;
@@ -467,7 +479,7 @@ __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     const size_t tile = (size_t)e * mtiles + mt;
     gemm_tile<FMT, NT, NP>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB, nk, c0, c1,
-                       FC2 ? r.hq : r.xq, brow, lane, acc);
+                       FC2 ? r.hq : r.xq, brow, lane, acc, FC2 && r.pdl);
 }
 
 /* FC1 epilogue: the activation, h and the per-position |h| max. */
@@ -492,13 +504,6 @@ __device__ __forceinline__ void fc1_epi(const MoeDev &m, const MoeRun &r, int4 w
         }
 }
 
-template <int FMT, int ACT, int NT, int NP>
-__device__ __forceinline__ void fc1_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
-    float acc[NT][4];
-    tile_mma<FMT, NT, 0, NP>(m, r, wk, mt, 0, m.nk1, lane, acc);
-    fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
-}
-
 /* FC2 epilogue: part[slot][row] = unweighted expert output. */
 template <int NT, int NP>
 __device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
@@ -518,13 +523,6 @@ __device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 w
                 o[8] = (NP == 2 ? acc[f][2] + acc[f][3] : acc[f][2 + c]) * s;
             }
         }
-}
-
-template <int FMT, int NT, int NP>
-__device__ __forceinline__ void fc2_item(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane) {
-    float acc[NT][4];
-    tile_mma<FMT, NT, 1, NP>(m, r, wk, mt, 0, m.nk2, lane, acc);
-    fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
 }
 
 /* The epilogue of the wgmma tiles (moe_prefill.cu, moe_prefill_ws.cu): one 16-row tile mt

@@ -65,6 +65,8 @@ typedef void (*wg_kern_t)(MoeDev, MoeRun);
 static inline int wg_launch(wg_kern_t k, int tiles, int wmax, int threads, int smem, cudaStream_t st, const MoeDev &d,
                             const MoeRun &r, const char *what, k3_error *err) {
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    /* tile groups fast: the work items fast instead measured 3-10% slower at T = 1024 .. 8192
+     * (lab/NOTES.md v13), the opposite of the mma.sync decode kernels */
     dim3 grid((tiles + 7) / 8, wmax < 65535 ? wmax : 65535);
     k<<<grid, threads, smem, st>>>(d, r);
     cudaError_t e = cudaGetLastError();

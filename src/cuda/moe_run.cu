@@ -9,12 +9,16 @@
  *   hconv     h rows into the B layout (the row scale needs the whole row's |h| max);
  *   fc2       the same tile loop over w2, unweighted rows per (token, slot);
  *   finalize  y[t] = sum over local slots in slot order of w * row: deterministic.
+ * The four launches after prep are programmatic dependent launches (launch_chain): each may
+ * start while its predecessor drains and waits (pdl_wait) before reading what it wrote.
  * Fused (decode): the same stages in one cooperative persistent kernel with four grid
  * barriers; T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
  * Kernel specializations: format x activation x tokens-per-tile x fp16 terms per activation
  * (grouped: two in w4a16, one in w4a16-bf16 and w4a4) and format x activation (fused, two
  * terms); per-expert activation parameters are runtime values. Split-K is not
- * used across CTAs; for T*k <= 64 the two K halves of a tile run in one CTA (ksplit_reduce). */
+ * used across CTAs; for T*k <= 64 the two K halves of a tile run in one CTA (ksplit_reduce,
+ * and fused_gemm's halves), and the mma.sync tiles issue only the 8-column fragments an
+ * item's tokens fill (tile_mma_fit). */
 #include "cuda/cuda_check.cuh"
 #include "cuda/k3_cuda.h"
 #include "cuda/moe_state.cuh"
@@ -97,17 +101,49 @@ __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
     }
 }
 
-/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tiles). */
+/* tile_mma with as few 8-column fragments as this work item's tokens need (NT is sized for the
+ * average expert: under uniform routing at T = 256 about half the items have <= 4 tokens and
+ * would otherwise issue a second fragment of zero columns). Unused fragments are zeroed; the
+ * epilogues skip their columns (j >= n). */
+template <int FMT, int NT, int FC2, int NP>
+__device__ __forceinline__ void tile_mma_fit(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
+                                             int lane, float acc[NT][4]) {
+    const int per = 4 * (3 - NP); /* tokens per fragment */
+    if constexpr (NT >= 2) {
+        if (wk.z <= per) {
+            tile_mma<FMT, 1, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+#pragma unroll
+            for (int f = 1; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
+            return;
+        }
+    }
+    if constexpr (NT >= 4) {
+        if (wk.z <= 2 * per) {
+            tile_mma<FMT, 2, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+#pragma unroll
+            for (int f = 2; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
+            return;
+        }
+    }
+    tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+}
+
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tile
+ * groups). Work items are the fast grid dimension, so the CTAs in flight read many experts at
+ * once: with the tile groups fast instead (a few experts at a time) the H200 measured T = 1 /
+ * 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md v13). */
 template <int FMT, int ACT, int NT, int FC2, int NP>
 __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     __shared__ float red[WARPS][NT * 4][32];
+    if (!FC2) pdl_wait(); /* FC2 waits after its first weight loads (gemm_tile): prep is done */
     const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
     const bool active = wi < r.ctl[1] && mt < (FC2 ? m.m2 : m.m1);
     int c0, c1;
     ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
     float acc[NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
-    if (active) tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+    if (active) tile_mma_fit<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+    pdl_launch();
     if (ksplit_reduce<NT>(acc, active, red)) {
         if (FC2) fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
         else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
@@ -115,11 +151,14 @@ __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
 }
 
 __global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
+    pdl_wait();
+    pdl_launch();
     if ((int)blockIdx.x >= r.ctl[0]) return;
     hconv_row(m, r, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 __global__ void __launch_bounds__(256) k_finalize(MoeDev m, MoeRun r) {
+    pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < m.H)
         for (int t = blockIdx.y; t < r.T; t += gridDim.y) finalize_elem(m, r, t, c);
@@ -141,29 +180,80 @@ __device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long
     __syncthreads();
 }
 
+__device__ __forceinline__ void fused_stamp(const MoeRun &r, int i) {
+    if (r.stamps && blockIdx.x == 0 && threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        r.stamps[i] = t;
+    }
+}
+
+/* One GEMM phase of the fused kernel over the units (work item, 16-row tile), work items the
+ * fast index: the warps in flight read many experts at once, as the grouped kernels' grids do
+ * (tiles first, a few experts at a time, cost the fused kernel ~25% at T = 1: lab/NOTES.md v13).
+ * halves (T*k <= 64): warps 2i and 2i + 1 take the two K halves of one unit, the upper half goes
+ * through shared memory and the lower warp adds it (lower + upper, a fixed order): 6144 FC1
+ * units over ~4200 warps at T = 1 are 1.45 rounds of whole K, ~2.9 rounds of half K. */
+template <int FMT, int ACT, int FC2>
+__device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int W, float (*red)[4][32]) {
+    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, U = W * mtiles;
+    if (r.ksplit == 2) {
+        for (int b0 = blockIdx.x * (WARPS / 2); b0 < U; b0 += nb * (WARPS / 2)) {
+            const int it = b0 + (warp >> 1), upper = warp & 1, mt = it / W;
+            const bool active = it < U;
+            const int4 wk = active ? r.work[it % W] : make_int4(0, 0, 0, 0);
+            float acc[1][4];
+            if (active) tile_mma<FMT, 1, FC2, 2>(m, r, wk, mt, upper ? nk / 2 : 0, upper ? nk : nk / 2, lane, acc);
+            if (active && upper)
+                for (int i = 0; i < 4; i++) red[warp >> 1][i][lane] = acc[0][i];
+            __syncthreads();
+            if (active && !upper) {
+                for (int i = 0; i < 4; i++) acc[0][i] += red[warp >> 1][i][lane];
+                if (FC2) fc2_epi<1, 2>(m, r, wk, mt, lane, acc);
+                else fc1_epi<FMT, ACT, 1, 2>(m, r, wk, mt, lane, acc);
+            }
+            __syncthreads();
+        }
+    } else {
+        for (int it = blockIdx.x * WARPS + warp; it < U; it += nb * WARPS) {
+            const int4 wk = r.work[it % W];
+            float acc[1][4];
+            tile_mma<FMT, 1, FC2, 2>(m, r, wk, it / W, 0, nk, lane, acc);
+            if (FC2) fc2_epi<1, 2>(m, r, wk, it / W, lane, acc);
+            else fc1_epi<FMT, ACT, 1, 2>(m, r, wk, it / W, lane, acc);
+        }
+    }
+}
+
 /* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. It reads both
  * fp16 terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so
  * that its instantiations stay format x activation. */
 template <int FMT, int ACT>
-__global__ void __launch_bounds__(128) k_fused(MoeDev m, MoeRun r) {
+__global__ void __launch_bounds__(128, 8) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
-    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nb = gridDim.x;
     const unsigned long long base = r.bar_base;
+    fused_stamp(r, 0);
     if (blockIdx.x == 0) moe_dispatch(m, r, smem);
     else
         for (int t = blockIdx.x - 1; t < r.T; t += nb - 1) prep_x_row(m, r, t, (float *)smem);
     grid_sync(r.bar, base + (unsigned long long)nb);
+    fused_stamp(r, 1);
     const int W = *(volatile int *)(r.ctl + 1), P = *(volatile int *)r.ctl;
-    for (int it = blockIdx.x * WARPS + warp; it < W * m.m1; it += nb * WARPS)
-        fc1_item<FMT, ACT, 1, 2>(m, r, r.work[it / m.m1], it % m.m1, lane);
+    __shared__ float red[WARPS / 2][4][32];
+    fused_gemm<FMT, ACT, 0>(m, r, W, red);
     grid_sync(r.bar, base + 2ull * nb);
+    fused_stamp(r, 2);
     for (int p = blockIdx.x; p < P; p += nb) hconv_row(m, r, p, threadIdx.x, blockDim.x);
     grid_sync(r.bar, base + 3ull * nb);
-    for (int it = blockIdx.x * WARPS + warp; it < W * m.m2; it += nb * WARPS)
-        fc2_item<FMT, 1, 2>(m, r, r.work[it / m.m2], it % m.m2, lane);
+    fused_stamp(r, 3);
+    fused_gemm<FMT, ACT, 1>(m, r, W, red);
     grid_sync(r.bar, base + 4ull * nb);
+    fused_stamp(r, 4);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < r.T * m.H; i += nb * blockDim.x)
         finalize_elem(m, r, i / m.H, i % m.H);
+    fused_stamp(r, 5);
 }
 
 /* ---- specialization tables -------------------------------------------------------------------- */
@@ -321,6 +411,24 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
     return best;
 }
 
+/* A grouped-chain launch; with pdl the kernel may start before its predecessor ends (it calls
+ * pdl_wait before reading what the predecessor writes). */
+static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int pdl, const MoeDev &d, const MoeRun &r,
+                        const char *what, k3_error *err) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.stream = st;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    void *args[2] = {(void *)&d, (void *)&r};
+    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
+    return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, what, __FILE__, __LINE__);
+}
+
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
 
 static int launch_check(k3_error *err, const char *what) {
@@ -353,6 +461,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     r.y = d_y;
     r.plain = wg != 0;
     r.np = np;
+    r.pdl = 0;
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
@@ -364,6 +473,10 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         }
         int nblk = 1 + (T < 1024 ? T : 1024);
         cudaEvent_t *ev = m->stage_ev;
+        /* fc1, hconv, fc2 and finalize start while their predecessor drains (pdl_wait before
+         * its outputs are read; fc2 first issues its first weight loads): T = 1 112.7 -> 109.1 us,
+         * T = 8 / 64 1-2% on the H200; the stage breakdown's events serialize them anyway */
+        r.pdl = !ev;
         if (ev) cudaEventRecord(ev[0], st);
         k_prep<<<nblk, 256, sm, st>>>(d, r);
         if (ev) cudaEventRecord(ev[1], st);
@@ -373,22 +486,23 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
-        } else
-            fc1_table[np - 1][m->fmt][nti][ai]<<<dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+        } else if (launch_chain(fc1_table[np - 1][m->fmt][nti][ai], dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, st,
+                              r.pdl, d, r, "k_fc<fc1>", err))
+            return err->status;
         if (ev) cudaEventRecord(ev[2], st);
-        if (launch_check(err, "k_fc<fc1><<<>>>")) return err->status;
-        k_hconv<<<S, 128, 0, st>>>(d, r);
+        if (launch_chain(k_hconv, dim3(S), 128, st, r.pdl, d, r, "k_hconv", err)) return err->status;
         if (ev) cudaEventRecord(ev[3], st);
-        if (launch_check(err, "k_hconv<<<>>>")) return err->status;
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
-        } else
-            fc2_table[np - 1][m->fmt][nti]<<<dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, 0, st>>>(d, r);
+        } else if (launch_chain(fc2_table[np - 1][m->fmt][nti], dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, st, r.pdl, d,
+                              r, "k_fc<fc2>", err))
+            return err->status;
         if (ev) cudaEventRecord(ev[4], st);
-        if (launch_check(err, "k_fc<fc2><<<>>>")) return err->status;
-        k_finalize<<<dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, 0, st>>>(d, r);
+        if (launch_chain(k_finalize, dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, st, r.pdl, d, r, "k_finalize",
+                         err))
+            return err->status;
         if (ev) cudaEventRecord(ev[5], st);
-        return launch_check(err, "k_finalize<<<>>>");
+        return K3_OK;
     }
     kern_t kf = fused_table[m->fmt][ai];
     int sm = dispatch_smem(m);
@@ -404,6 +518,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: only %d co-resident blocks fit on the device, the fused kernel needs 2",
                        grid);
     r.bar_base = m->bar_epoch;
+    r.ksplit = m->force_ks ? m->force_ks : (T * k <= 64 ? 2 : 1); /* as the grouped kernels (k_fc) */
+    r.stamps = m->fused_stamps ? (unsigned long long *)(r.ctl + 4) : NULL; /* ctl: 64 bytes */
     void *args[2] = {(void *)&d, (void *)&r};
     cudaError_t ce = cudaLaunchCooperativeKernel((const void *)kf, dim3(grid), dim3(128), args, (size_t)sm, st);
     if (ce != cudaSuccess) {

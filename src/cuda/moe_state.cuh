@@ -23,9 +23,10 @@ struct k3_cuda_moe {
     /* benchmark hooks (moe_bench.cu): tokens-per-tile override (0 = the heuristic) and, when
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
-    int force_ks; /* 1 or 2 K halves per tile in the grouped FC kernels; 0 = automatic */
+    int force_ks; /* 1 or 2 K halves per tile in the mma.sync FC kernels and the fused kernel; 0 = automatic */
     int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
     cudaEvent_t *stage_ev;
+    int fused_stamps; /* the fused kernel writes its phase stamps (MoeRun.stamps) into the workspace */
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;
     int fused_grid;

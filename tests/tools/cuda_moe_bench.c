@@ -6,8 +6,9 @@
  *                       [--T 1,8,64,256] [--reps 20] [--experts 896 --hidden 3584 --inter 3072 --topk 16]
  *                       [--mode w4a16|w4a16-bf16|w4a4]
  *                       [--tokens-per-tile 0|4|8|16 (w4a16) or 0|8|16|32] [--k-splits 0|1|2] [--wgmma -1|0|32|64|128]
- * The grouped rows add the stage breakdown (prep, fc1, hconv, fc2, finalize) of one extra
- * run with events between the launches; the last column is the mode. */
+ * Every row adds the stage breakdown (prep, fc1, hconv, fc2, finalize) of one extra run
+ * (grouped: events between the launches; fused: the kernel's own phase stamps); the last
+ * column is the mode. */
 #include "cuda/k3_cuda.h"
 
 #include <stdio.h>
