@@ -225,7 +225,7 @@ extern "C" int k3_cuda_bench_run(k3_cuda_bench *b, k3_cuda_backend backend, int 
         b->m.fused_stamps = 1;
         rc = k3_cuda_moe_run(&b->m, backend, o->mode, b->dx, T, b->di, b->dw, k, b->dy, NULL, err);
         b->m.fused_stamps = 0;
-        if (rc == K3_OK && (ce = cudaMemcpy(st, b->m.r.ctl + 4, sizeof st, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        if (rc == K3_OK && (ce = cudaMemcpy(st, fused_stamps_at(b->m.r), sizeof st, cudaMemcpyDeviceToHost)) != cudaSuccess)
             rc = k3_cuda_fail(err, ce, "cuda bench: fused stamps", __FILE__, __LINE__);
         for (int i = 0; i < 5 && rc == K3_OK; i++) res->stage_us[i] = (double)(st[i + 1] - st[i]) * 1e-3;
     }

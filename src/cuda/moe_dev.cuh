@@ -72,10 +72,12 @@ struct MoeRun {
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
     int ksplit;                    /* fused: 2 = two K halves per tile (T*k <= 64), 1 = whole K */
-    int pdl;                       /* grouped mma.sync chain launched with programmatic dependence */
     unsigned long long *stamps;    /* fused, benchmark only (else NULL): block 0's %globaltimer at
                                       the start, after each grid barrier and at its end [6] */
 };
+
+/* Where the fused kernel's 6 stamps live: bytes 16..63 of the 64-byte ctl block (ensure_ws). */
+static inline unsigned long long *fused_stamps_at(const MoeRun &r) { return (unsigned long long *)(r.ctl + 4); }
 
 /* FC1 rows per expert (2I gated, I otherwise): the one table's rule, moe/activation.h. The
  * kernels read the result as MoeDev.gated / m1, never a private gated set. */
@@ -465,10 +467,12 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
 }
 
 /* Accumulators of 16-row tile mt over k-chunks [c0, c1) for work item wk = (expert, first
- * position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. */
+ * position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. dep_wait: a
+ * programmatic dependent launch whose B rows come from the preceding kernel (pdl_wait after
+ * the first weight loads). */
 template <int FMT, int NT, int FC2, int NP>
 __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1, int lane,
-                                         float acc[NT][4]) {
+                                         float acc[NT][4], bool dep_wait = false) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
@@ -479,7 +483,7 @@ __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     const size_t tile = (size_t)e * mtiles + mt;
     gemm_tile<FMT, NT, NP>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB, nk, c0, c1,
-                       FC2 ? r.hq : r.xq, brow, lane, acc, FC2 && r.pdl);
+                       FC2 ? r.hq : r.xq, brow, lane, acc, dep_wait);
 }
 
 /* FC1 epilogue: the activation, h and the per-position |h| max. */

@@ -108,24 +108,23 @@ __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
 template <int FMT, int NT, int FC2, int NP>
 __device__ __forceinline__ void tile_mma_fit(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
                                              int lane, float acc[NT][4]) {
-    const int per = 4 * (3 - NP); /* tokens per fragment */
     if constexpr (NT >= 2) {
-        if (wk.z <= per) {
-            tile_mma<FMT, 1, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+        if (wk.z <= 4 * (3 - NP) * (NT / 2)) { /* the tokens fit half the fragments */
+            tile_mma_fit<FMT, NT / 2, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
 #pragma unroll
-            for (int f = 1; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
+            for (int f = NT / 2; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
             return;
         }
     }
-    if constexpr (NT >= 4) {
-        if (wk.z <= 2 * per) {
-            tile_mma<FMT, 2, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
-#pragma unroll
-            for (int f = 2; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
-            return;
-        }
-    }
-    tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+    tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc, FC2 == 1);
+}
+
+/* The epilogue of one tile: FC1 applies the activation, FC2 writes unweighted rows. */
+template <int FMT, int ACT, int NT, int FC2, int NP>
+__device__ __forceinline__ void tile_epi(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int lane,
+                                         float acc[NT][4]) {
+    if (FC2) fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
+    else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
 }
 
 /* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tile
@@ -144,10 +143,7 @@ __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
     if (active) tile_mma_fit<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
     pdl_launch();
-    if (ksplit_reduce<NT>(acc, active, red)) {
-        if (FC2) fc2_epi<NT, NP>(m, r, wk, mt, lane, acc);
-        else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
-    }
+    if (ksplit_reduce<NT>(acc, active, red)) tile_epi<FMT, ACT, NT, FC2, NP>(m, r, wk, mt, lane, acc);
 }
 
 __global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
@@ -210,8 +206,7 @@ __device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int
             __syncthreads();
             if (active && !upper) {
                 for (int i = 0; i < 4; i++) acc[0][i] += red[warp >> 1][i][lane];
-                if (FC2) fc2_epi<1, 2>(m, r, wk, mt, lane, acc);
-                else fc1_epi<FMT, ACT, 1, 2>(m, r, wk, mt, lane, acc);
+                tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, mt, lane, acc);
             }
             __syncthreads();
         }
@@ -220,8 +215,7 @@ __device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int
             const int4 wk = r.work[it % W];
             float acc[1][4];
             tile_mma<FMT, 1, FC2, 2>(m, r, wk, it / W, 0, nk, lane, acc);
-            if (FC2) fc2_epi<1, 2>(m, r, wk, it / W, lane, acc);
-            else fc1_epi<FMT, ACT, 1, 2>(m, r, wk, it / W, lane, acc);
+            tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, it / W, lane, acc);
         }
     }
 }
@@ -429,6 +423,10 @@ static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int p
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, what, __FILE__, __LINE__);
 }
 
+/* K halves per mma.sync tile (grouped k_fc and fused): two when the tiles alone would not fill
+ * the device (decode, T*k <= 64), else whole K; the benchmark's k_splits overrides. */
+static int k_halves(const k3_cuda_moe *m, int S) { return m->force_ks ? m->force_ks : S <= 64 ? 2 : 1; }
+
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
 
 static int launch_check(k3_error *err, const char *what) {
@@ -461,7 +459,6 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     r.y = d_y;
     r.plain = wg != 0;
     r.np = np;
-    r.pdl = 0;
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
@@ -476,29 +473,28 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         /* fc1, hconv, fc2 and finalize start while their predecessor drains (pdl_wait before
          * its outputs are read; fc2 first issues its first weight loads): T = 1 112.7 -> 109.1 us,
          * T = 8 / 64 1-2% on the H200; the stage breakdown's events serialize them anyway */
-        r.pdl = !ev;
+        const int pdl = !ev;
         if (ev) cudaEventRecord(ev[0], st);
         k_prep<<<nblk, 256, sm, st>>>(d, r);
         if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
-        /* K halves in one CTA when the tiles alone would not fill the device (decode) */
-        const int ks = m->force_ks ? m->force_ks : (S <= 64 ? 2 : 1), thr = 32 * WARPS * ks;
+        const int thr = 32 * WARPS * k_halves(m, S);
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
         } else if (launch_chain(fc1_table[np - 1][m->fmt][nti][ai], dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, st,
-                              r.pdl, d, r, "k_fc<fc1>", err))
+                              pdl, d, r, "k_fc<fc1>", err))
             return err->status;
         if (ev) cudaEventRecord(ev[2], st);
-        if (launch_chain(k_hconv, dim3(S), 128, st, r.pdl, d, r, "k_hconv", err)) return err->status;
+        if (launch_chain(k_hconv, dim3(S), 128, st, pdl, d, r, "k_hconv", err)) return err->status;
         if (ev) cudaEventRecord(ev[3], st);
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(fc2_table[np - 1][m->fmt][nti], dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, st, r.pdl, d,
+        } else if (launch_chain(fc2_table[np - 1][m->fmt][nti], dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, st, pdl, d,
                               r, "k_fc<fc2>", err))
             return err->status;
         if (ev) cudaEventRecord(ev[4], st);
-        if (launch_chain(k_finalize, dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, st, r.pdl, d, r, "k_finalize",
+        if (launch_chain(k_finalize, dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, st, pdl, d, r, "k_finalize",
                          err))
             return err->status;
         if (ev) cudaEventRecord(ev[5], st);
@@ -518,8 +514,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: only %d co-resident blocks fit on the device, the fused kernel needs 2",
                        grid);
     r.bar_base = m->bar_epoch;
-    r.ksplit = m->force_ks ? m->force_ks : (T * k <= 64 ? 2 : 1); /* as the grouped kernels (k_fc) */
-    r.stamps = m->fused_stamps ? (unsigned long long *)(r.ctl + 4) : NULL; /* ctl: 64 bytes */
+    r.ksplit = k_halves(m, T * k);
+    r.stamps = m->fused_stamps ? fused_stamps_at(r) : NULL;
     void *args[2] = {(void *)&d, (void *)&r};
     cudaError_t ce = cudaLaunchCooperativeKernel((const void *)kf, dim3(grid), dim3(128), args, (size_t)sm, st);
     if (ce != cudaSuccess) {
