@@ -53,13 +53,15 @@ static int parse_tokens(const char *s, int *out, int *n) {
 
 static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_bench_moe_row *rows,
                         int n) {
+    /* JSON is read by programs that recompute ratios from it: significant digits, not fixed
+     * decimals, or a slow row rounds to a different rate. */
     if (!strcmp(fmt, "json")) {
         printf("{\"bench\": \"moe\", \"commit\": \"%s\", \"cpu\": \"%s\", \"backend\": \"%s\", "
                "\"format\": \"%s\", \"act\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
                "\"experts\": %d, \"top_k\": %d, \"hidden\": %d, \"inter\": %d, "
                "\"experts_built\": %d, \"experts_quantized\": %d, \"bytes_per_expert\": %.0f, "
-               "\"read_gbs\": %.3f, \"probe_bytes\": %.0f, \"llc_bytes\": %.0f, "
-               "\"fma_gflops\": %.2f, \"warm\": %s, \"rows\": [",
+               "\"read_gbs\": %.9g, \"probe_bytes\": %.0f, \"llc_bytes\": %.0f, "
+               "\"fma_gflops\": %.9g, \"warm\": %s, \"rows\": [",
                k3_build_commit(), env->cpu, env->backend, env->format, env->mode, env->isa,
                env->threads, env->n_experts, env->top_k, env->hidden, env->inter,
                env->experts_built, env->experts_quantized, env->bytes_per_expert, env->read_gbs,
@@ -67,10 +69,10 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
         for (int i = 0; i < n; i++) {
             const k3_bench_moe_row *r = &rows[i];
             double bw = r->read_gbs > 0 ? r->read_gbs : env->read_gbs;
-            printf("%s{\"tokens\": %d, \"experts_touched\": %.2f, \"median_s\": %.9f, "
-                   "\"min_s\": %.9f, \"max_s\": %.9f, \"weight_bytes\": %.0f, \"gbs\": %.3f, "
-                   "\"read_gbs\": %.3f, \"bw_fraction\": %.4f, \"gflops\": %.3f, "
-                   "\"flop_fraction\": %.4f}",
+            printf("%s{\"tokens\": %d, \"experts_touched\": %.9g, \"median_s\": %.9g, "
+                   "\"min_s\": %.9g, \"max_s\": %.9g, \"weight_bytes\": %.0f, \"gbs\": %.9g, "
+                   "\"read_gbs\": %.9g, \"bw_fraction\": %.9g, \"gflops\": %.9g, "
+                   "\"flop_fraction\": %.9g}",
                    i ? ", " : "", r->tokens, r->experts_touched, r->t_median_s, r->t_min_s,
                    r->t_max_s, r->weight_bytes, r->weight_bytes / r->t_median_s / 1e9, bw,
                    r->weight_bytes / r->t_median_s / 1e9 / bw,
