@@ -142,6 +142,26 @@ static void expect_invalid(const char *hf, const char *needle) {
     k3_quant_config_free(&qc);
 }
 
+/* TRT-MC: an unknown KV-cache algorithm (ModelOpt also writes NVFP4_AFFINE) warns and disables
+ * KV quantization instead of failing the load */
+static void test_unknown_kv_disabled(void **state) {
+    (void)state;
+    static const char *const cfgs[] = {
+        "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": \"NVFP4_AFFINE\"}}",
+        "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": \"FP16\"}}"};
+    for (int i = 0; i < 2; i++) {
+        k3_quant_config qc = parse_ok(cfgs[i], NULL);
+        k3_error e = {0};
+        assert_null(qc.kv_cache_quant_algo);
+        assert_int_equal(k3_quant_config_validate(&qc, &e), K3_OK);
+        k3_quant_config_free(&qc);
+    }
+    k3_quant_config qc = parse_ok(NULL, "{\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\","
+                                        " \"kv_cache_scheme\": {\"type\": \"int\", \"num_bits\": 4}}");
+    assert_null(qc.kv_cache_quant_algo);
+    k3_quant_config_free(&qc);
+}
+
 static void test_unknown_rejected_at_validation(void **state) {
     (void)state;
     expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\":"
@@ -150,9 +170,8 @@ static void test_unknown_rejected_at_validation(void **state) {
                    "quantization algorithm \"FP4_MAGIC\"");
     expect_invalid("{\"quantization\": {\"quant_algo\": \"fp8_pb\"}}",
                    "quant_algo: unknown quantization algorithm \"fp8_pb\"");
-    expect_invalid(
-        "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": \"FP16\"}}",
-        "unknown KV-cache algorithm \"FP16\"");
+    expect_invalid("{\"quantization\": {\"quant_algo\": \"FP8_PB_WO\", \"group_size\": 64}}",
+                   "quant_algo: FP8_BLOCK_SCALES with group_size 64");
     expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\"}}",
                    "quantized_layers: missing");
     expect_invalid("{\"quantization\": {\"quant_algo\": \"MIXED_PRECISION\", \"quantized_layers\":"
@@ -651,6 +670,7 @@ int main(void) {
         cmocka_unit_test(test_alias_per_layer),
         cmocka_unit_test(test_alias_top_level),
         cmocka_unit_test(test_unknown_rejected_at_validation),
+        cmocka_unit_test(test_unknown_kv_disabled),
         cmocka_unit_test(test_exclude_wildcards),
         cmocka_unit_test(test_experts_per_layer),
         cmocka_unit_test(test_ct_mxfp4_original),

@@ -96,7 +96,8 @@ static quant classify_weight(item *w, bool packed, item *sib[N_ROLES]) {
             expect_2d(w, s, n, 2 * k / 16);
         return packed ? Q_NVFP4_CT : Q_NVFP4;
     }
-    if (t->dtype == K3_DTYPE_U8 && packed && mat && s && is_e8m0(s->info.dtype)) {
+    /* compressed-tensors names it weight_packed, ModelOpt (W4A8_MXFP4_FP8) weight */
+    if (t->dtype == K3_DTYPE_U8 && mat && s && is_e8m0(s->info.dtype) && !s2 && !g) {
         if (k % 16)
             snprintf(w->problem, sizeof w->problem, "K = %" PRIu64 " is not a multiple of 32",
                      2 * k);
@@ -105,9 +106,15 @@ static quant classify_weight(item *w, bool packed, item *sib[N_ROLES]) {
         return Q_MXFP4;
     }
     if (t->dtype != K3_DTYPE_F8_E4M3) {
-        if ((packed || t->dtype == K3_DTYPE_U8) && (s || g || s2))
-            snprintf(w->problem, sizeof w->problem,
-                     "packed %s weight with scales of no known format", k3_dtype_name(t->dtype));
+        bool plain = t->dtype == K3_DTYPE_BF16 || t->dtype == K3_DTYPE_F16 || t->dtype == K3_DTYPE_F32;
+        const item *any = NULL;
+        for (int r = 0; r < N_ROLES && !any; r++) any = sib[r];
+        if (any && plain)
+            snprintf(w->problem, sizeof w->problem, "%s weight with a scale sibling (%s)",
+                     k3_dtype_name(t->dtype), any->info.name);
+        else if (any)
+            snprintf(w->problem, sizeof w->problem, "%s weight with scales of no known format",
+                     k3_dtype_name(t->dtype));
         return Q_PLAIN;
     }
     if (s && is_e8m0(s->info.dtype) && mat) {

@@ -82,9 +82,32 @@ static int check_tree(const cJSON *node, int depth, const char *what, k3_error *
     return K3_OK;
 }
 
+/* Before cJSON: an empty text, and nesting past the depth bound (cJSON stops at its own limit
+ * of 1000 with a bare parse error that names no cause). Brackets inside strings do not count. */
+static int shape_check(const char *h, size_t n, const char *what, k3_error *err) {
+    int depth = 0;
+    bool value = false, in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = h[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = false;
+            continue;
+        }
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') value = true;
+        if (c == '"') in_str = true;
+        else if ((c == '{' || c == '[') && ++depth > K3_JSON_MAX_DEPTH + 1)
+            return k3_fail(err, K3_ERR_FORMAT, "%s: byte %zu: JSON nested deeper than %d levels",
+                           what, i, K3_JSON_MAX_DEPTH);
+        else if (c == '}' || c == ']') depth--;
+    }
+    if (!value) return k3_fail(err, K3_ERR_FORMAT, "%s: empty (no JSON value)", what);
+    return K3_OK;
+}
+
 /* cJSON is lenient where JSON is not: it skips any byte <= 0x20 between tokens, accepts raw
  * control bytes inside strings and turns "\u0000" into a silently truncated C string. This
- * scan rejects those before cJSON sees the text, so every k3 JSON input obeys the grammar. */
+ * scan rejects those in the text cJSON accepted, so every k3 JSON input obeys the grammar. */
 static int lex_check(const char *h, size_t n, const char *what, k3_error *err) {
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)h[i];
@@ -121,6 +144,8 @@ int k3_json_parse(cJSON **out, const char *text, size_t len, const char *what, k
         return k3_fail(err, K3_ERR_FORMAT, "%s: not valid UTF-8", what);
     if (memchr(text, '\0', len))
         return k3_fail(err, K3_ERR_FORMAT, "%s: NUL byte inside JSON text", what);
+    int rc = shape_check(text, len, what, err);
+    if (rc) return rc;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!root) {
@@ -135,7 +160,7 @@ int k3_json_parse(cJSON **out, const char *text, size_t len, const char *what, k
                            "%s: trailing bytes after the JSON value at byte %zu", what,
                            (size_t)(p - text));
         }
-    int rc = lex_check(text, len, what, err);
+    rc = lex_check(text, len, what, err);
     if (!rc)
         rc = check_tree(root, 0, what, err);
     if (rc) {

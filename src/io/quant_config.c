@@ -106,6 +106,11 @@ int k3_qpattern_compile(k3_qpattern *p, const char *text, const char *what, k3_e
     p->text = strdup(text);
     if (!p->text)
         return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", what);
+    /* a prefix glob without "experts." that matches an expert matches its layer's `experts`
+     * too, which the per-layer lookup already saw */
+    const char *star = strchr(text, '*');
+    p->expert_level = !strncmp(text, "re:", 3) || strstr(text, "experts.") ||
+                      (star && star[strspn(star, "*")] != '\0');
     if (strncmp(text, "re:", 3))
         return K3_OK;
     int code;
@@ -621,6 +626,19 @@ static bool first_difference(const k3_quant_config *a, const k3_quant_config *b,
     return false;
 }
 
+/* TRT-MC: a KV-cache algorithm it does not run (NVFP4_AFFINE, an int4 scheme, ...) warns and
+ * disables KV-cache quantization; it does not make the checkpoint unreadable. */
+static void drop_unknown_kv(k3_quant_config *qc, bool warn) {
+    if (!qc->kv_cache_quant_algo || kv_algo_canonical(qc->kv_cache_quant_algo))
+        return;
+    if (warn)
+        k3_warn("%s: kv_cache_quant_algo \"%s\" is not one TensorRT-LLM runs (FP8, INT8, NVFP4): "
+                "KV-cache quantization disabled",
+                qc->origin ? qc->origin : "quantization config", qc->kv_cache_quant_algo);
+    free(qc->kv_cache_quant_algo);
+    qc->kv_cache_quant_algo = NULL;
+}
+
 int k3_quant_config_parse(k3_quant_config *qc, const cJSON *hf_quant, const char *hf_what,
                           const cJSON *inline_qc, const char *inline_what, k3_error *err) {
     k3_quant_config_init(qc);
@@ -635,6 +653,8 @@ int k3_quant_config_parse(k3_quant_config *qc, const cJSON *hf_quant, const char
             k3_quant_config_init(&other);
             k3_error e2 = {0};
             int rc2 = parse_inline(&other, inline_qc, inline_what, &e2);
+            drop_unknown_kv(&other, false);
+            drop_unknown_kv(qc, true); /* before the comparison: the copies may spell it apart */
             char d[400];
             bool diff = rc2 ? (snprintf(d, sizeof d, "it does not parse (%.300s)", e2.msg), true)
                             : first_difference(qc, &other, d, sizeof d);
@@ -649,6 +669,8 @@ int k3_quant_config_parse(k3_quant_config *qc, const cJSON *hf_quant, const char
     } else if (inline_qc) {
         rc = parse_inline(qc, inline_qc, inline_what, err);
     }
+    if (!rc)
+        drop_unknown_kv(qc, true);
     if (rc)
         k3_quant_config_free(qc);
     return rc;
@@ -698,17 +720,17 @@ static int check_algo(const char *algo, int64_t group, const char *what, const c
     if (!strcmp(algo, "NVFP4") && group >= 0 && group != 16)
         return k3_fail(err, K3_ERR_FORMAT, "%s: %s: NVFP4 with group_size %lld (NVFP4 is group 16)",
                        what, field, (long long)group);
+    /* 0 is ModelOpt's "no block size"; the blocks are 128x128 */
+    if (!strcmp(k3_quant_algo_canonical(algo), "FP8_BLOCK_SCALES") && group > 0 && group != 128)
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: %s: %s with group_size %lld (FP8 block scales are 128x128)", what, field,
+                       algo, (long long)group);
     return K3_OK;
 }
 
 int k3_quant_config_validate(const k3_quant_config *qc, k3_error *err) {
     const char *what = qc->origin ? qc->origin : "quantization config";
     int rc;
-    if (qc->kv_cache_quant_algo && !kv_algo_canonical(qc->kv_cache_quant_algo))
-        return k3_fail(err, K3_ERR_UNSUPPORTED,
-                       "%s: kv_cache_quant_algo: unknown KV-cache algorithm \"%s\" (expected FP8, "
-                       "INT8 or NVFP4)",
-                       what, qc->kv_cache_quant_algo);
     if (qc->source == K3_QSRC_MODELOPT) {
         if ((rc = check_algo(qc->quant_algo, qc->group_size, what, "quant_algo", err)))
             return rc;

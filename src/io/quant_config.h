@@ -66,6 +66,8 @@ typedef struct k3_qlayer {
 typedef struct k3_qpattern {
     char *text; /* as written, "re:" included */
     void *re;   /* pcre2_code * for "re:" patterns, compiled once; else NULL */
+    bool expert_level; /* may match one routed expert's module and not its layer's `experts`
+                        * (a regex, a glob with an inner `*`, or text naming "experts.") */
 } k3_qpattern;
 
 /* One compressed-tensors config_group. */
@@ -137,6 +139,13 @@ const char *k3_qscheme_name(k3_qscheme s);
 
 /* The declared scheme of one module (a weight's name without `.weight`). */
 int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *out, k3_error *err);
+/* One routed-expert tensor's module (".../experts.7.w1") given its layer's declaration from
+ * k3_quant_resolve_experts: what singles this expert out (an exclusion or entry at its
+ * `experts.N` level or below; under MIXED_PRECISION no entry covering it at all, reported as
+ * scheme NONE with matched NULL), else the layer's declaration. Only expert-level patterns
+ * are tried, so resolving each of K3's ~250k expert tensors stays cheap. */
+int k3_quant_resolve_expert_module(const k3_quant_config *qc, const char *module,
+                                   const k3_qdecl *layer, k3_qdecl *out, k3_error *err);
 /* The routed-expert scheme of layer `layer` (0-indexed): looks up
  * {language_model.model.|model.|}layers.{i}.{block_sparse_moe.experts|mlp.experts} and
  * every per-expert entry below them; disagreeing declarations are an error naming both. */

@@ -169,12 +169,16 @@ static int resolve_modelopt(const k3_quant_config *qc, char v[N_VARIANTS][NAME_M
     return K3_OK;
 }
 
-static int resolve_ct(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
+/* expert_only: the ignore patterns that cannot single out a routed expert are skipped (the
+ * caller resolved the expert's layer with all of them) */
+static int resolve_ct(const k3_quant_config *qc, char v[][NAME_MAX_LEN], int nv, bool expert_only,
                       k3_qdecl *out, k3_error *err) {
     int rc;
     bool hit;
     for (int i = 0; i < nv; i++)
         for (size_t k = 0; k < qc->n_exclude; k++) {
+            if (expert_only && !qc->exclude[k].expert_level)
+                continue;
             if ((rc = k3_qpattern_match_checked(&qc->exclude[k], v[i], &hit, err)))
                 return rc;
             if (hit) {
@@ -218,10 +222,78 @@ int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *ou
     if (qc->source == K3_QSRC_MODELOPT)
         rc = resolve_modelopt(qc, v, nv, out, err);
     else if (qc->source == K3_QSRC_COMPRESSED_TENSORS)
-        rc = resolve_ct(qc, v, nv, out, err);
+        rc = resolve_ct(qc, v, nv, false, out, err);
     if (rc)
         *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1};
     return rc;
+}
+
+/* The spellings of an expert module under both MoE suffixes (TRT-K3 looks the layer up under
+ * `block_sparse_moe.experts` and `mlp.experts`). Returns the count. */
+static int expert_variants(const char *module, char out[2 * N_VARIANTS][NAME_MAX_LEN]) {
+    int n = variants(module, out);
+    const char *a = ".block_sparse_moe.experts.", *b = ".mlp.experts.";
+    const char *hit = strstr(module, a);
+    if (hit) {
+        char alt[NAME_MAX_LEN];
+        snprintf(alt, sizeof alt, "%.*s%s%s", (int)(hit - module), module, b, hit + strlen(a));
+        n += variants(alt, out + n);
+    }
+    return n;
+}
+
+int k3_quant_resolve_expert_module(const k3_quant_config *qc, const char *module,
+                                   const k3_qdecl *layer, k3_qdecl *out, k3_error *err) {
+    *out = *layer;
+    int rc = check_name(module, err);
+    if (rc || layer->defaulted)
+        return rc;
+    char v[2 * N_VARIANTS][NAME_MAX_LEN];
+    int nv = expert_variants(module, v);
+    if (qc->source == K3_QSRC_COMPRESSED_TENSORS) {
+        k3_qdecl d = {.scheme = K3_QS_NONE, .group_size = -1};
+        if ((rc = resolve_ct(qc, v, nv, true, &d, err)))
+            return rc;
+        *out = d;
+        return K3_OK;
+    }
+    if (qc->source != K3_QSRC_MODELOPT || (layer->scheme == K3_QS_NONE && layer->matched))
+        return K3_OK; /* plain checkpoint, or an excluded layer: its experts inherit it */
+    /* exclusions of the module or of its `experts.N` (the levels above are the layer's) */
+    for (int i = 0; i < nv; i++) {
+        char buf[NAME_MAX_LEN];
+        memcpy(buf, v[i], sizeof buf);
+        for (int level = 0; level < 2; level++) {
+            for (size_t k = 0; k < qc->n_exclude; k++) {
+                bool hit;
+                if (!qc->exclude[k].expert_level)
+                    continue;
+                if ((rc = k3_qpattern_match_checked(&qc->exclude[k], buf, &hit, err)))
+                    return rc;
+                if (hit) {
+                    *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1,
+                                      .matched = qc->exclude[k].text};
+                    return K3_OK;
+                }
+            }
+            char *dot = strrchr(buf, '.');
+            if (!dot)
+                break;
+            *dot = '\0';
+        }
+    }
+    for (int i = 0; i < nv; i++) {
+        const k3_qlayer *l = find_self_or_ancestor(qc, v[i]);
+        if (l) {
+            *out = (k3_qdecl){.group_size = -1};
+            decl_of_layer(l, out);
+            return K3_OK;
+        }
+    }
+    *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1};
+    if (is_single_format(qc))
+        decl_single(qc, out);
+    return K3_OK;
 }
 
 /* Two declarations of one layer's experts agree when scheme and algo agree. */

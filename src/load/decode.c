@@ -17,6 +17,10 @@ const char *k3_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
     return buf;
 }
 
+const char *const k3_qsuffix[K3_N_QSUFFIX] = {
+    "weight", "weight_packed", "weight_scale", "weight_scale_inv", "weight_scale_2",
+    "input_scale", "weight_global_scale", "input_global_scale"};
+
 static const char *tdt(const k3_tview *t) { return k3_dtype_name(t->dtype); }
 
 static bool shape_is(const k3_tview *t, int rank, const int64_t *shape) {
@@ -51,18 +55,22 @@ int k3_decode_plain(const k3_tview *t, unsigned allowed, int rank, const int64_t
 
 int k3_decode_scalar(const k3_tview *t, float *out, k3_error *err) {
     bool one = t->rank == 0 || (t->rank == 1 && t->shape[0] == 1);
-    float v;
+    float v = 0;
     if (t->dtype == K3_DTYPE_F32 && one && t->nbytes == 4) {
-        memcpy(&v, t->data, 4);
+        if (t->data) memcpy(&v, t->data, 4);
     } else if ((t->dtype == K3_DTYPE_BF16 || t->dtype == K3_DTYPE_F16) && one && t->nbytes == 2) {
-        uint16_t h;
-        memcpy(&h, t->data, 2);
+        uint16_t h = 0;
+        if (t->data) memcpy(&h, t->data, 2);
         v = t->dtype == K3_DTYPE_BF16 ? k3_bf16_to_f32(h) : k3_f16_to_f32(h);
     } else {
         char b[96];
         return k3_fail(err, one ? K3_ERR_DTYPE : K3_ERR_SHAPE,
                        "%s: expected a scalar F32|BF16|F16 of shape [] or [1], found %s %s",
                        t->name, tdt(t), k3_shape_str(t->rank, t->shape, b, sizeof b));
+    }
+    if (!t->data) {
+        *out = 0;
+        return K3_OK;
     }
     if (!(isfinite(v) && v > 0))
         return k3_fail(err, K3_ERR_NUMERIC, "%s: expected a finite global scale > 0, found %g",
@@ -94,17 +102,44 @@ static const k3_tview *need(const dctx *c, const char *suffix, k3_qscheme decl, 
     return t;
 }
 
-/* Block scales encoded in one byte: E4M3 0x7F/0xFF and E8M0 0xFF are NaN. */
+/* Block scales encoded in one byte: E4M3 0x7F/0xFF and E8M0 0xFF are NaN. An E4M3 block
+ * scale is amax / 6 / global: a negative one (sign bit with a nonzero magnitude) is no
+ * producer's output and would flip the block's signs. */
 static int check_byte_scales(const k3_tview *t, bool e8m0, k3_error *err) {
     const uint8_t *s = t->data;
-    for (uint64_t i = 0; i < t->nbytes; i++) {
+    for (uint64_t i = 0; s && i < t->nbytes; i++) {
         bool nan = e8m0 ? s[i] == 0xFF : (s[i] & 0x7F) == 0x7F;
         if (nan)
             return k3_fail(err, K3_ERR_NUMERIC, "%s: NaN block scale 0x%02X at element %llu",
                            t->name, s[i], (unsigned long long)i);
+        if (!e8m0 && (s[i] & 0x80) && (s[i] & 0x7F))
+            return k3_fail(err, K3_ERR_NUMERIC, "%s: negative block scale 0x%02X at element %llu",
+                           t->name, s[i], (unsigned long long)i);
     }
     return K3_OK;
 }
+
+/* Fails on a present sibling of module outside the format's set `own` (bits of k3_qsuffix). */
+static int strays(const dctx *c, unsigned own, const char *what, k3_error *err) {
+    for (int s = 0; s < K3_N_QSUFFIX; s++) {
+        if (own & (1u << s)) continue;
+        char name[512];
+        snprintf(name, sizeof name, "%s.%s", c->module, k3_qsuffix[s]);
+        const k3_tview *t = c->find(c->ctx, name);
+        if (!t) continue;
+        char list[160] = "";
+        for (int o = 0; o < K3_N_QSUFFIX; o++)
+            if (own & (1u << o)) {
+                if (list[0]) strncat(list, ", ", sizeof list - strlen(list) - 1);
+                strncat(list, k3_qsuffix[o], sizeof list - strlen(list) - 1);
+            }
+        return k3_fail(err, K3_ERR_FORMAT, "%s: unexpected beside a %s weight (which has %s only)",
+                       t->name, what, list);
+    }
+    return K3_OK;
+}
+
+#define SFX(x) (1u << K3_SFX_##x)
 
 static int decode_nvfp4(const dctx *c, k3_qscheme decl, const k3_tview *w, int64_t rows,
                         int64_t cols, k3_qmat *out, k3_error *err) {
@@ -125,7 +160,7 @@ static int decode_nvfp4(const dctx *c, k3_qscheme decl, const k3_tview *w, int64
     if ((rc = k3_decode_scalar(g, &gv, err))) return rc;
     const k3_tview *in = get(c, ct ? "input_global_scale" : "input_scale");
     if (in && (rc = k3_decode_scalar(in, &iv, err))) return rc;
-    if (ct) {
+    if (ct && g->data) {
         gv = 1.0f / gv;
         if (in) iv = 1.0f / iv;
         if (!(isfinite(gv) && gv > 0) || !(isfinite(iv) && iv >= 0))
@@ -134,7 +169,10 @@ static int decode_nvfp4(const dctx *c, k3_qscheme decl, const k3_tview *w, int64
     }
     *out = (k3_qmat){.fmt = K3_WFMT_NVFP4, .rows = rows, .cols = cols, .data = w->data,
                      .scale = s->data, .global_scale = gv, .input_scale = iv};
-    return K3_OK;
+    return ct ? strays(c, SFX(WEIGHT_PACKED) | SFX(WEIGHT_SCALE) | SFX(WEIGHT_GLOBAL_SCALE) |
+                              SFX(INPUT_GLOBAL_SCALE), "compressed-tensors NVFP4", err)
+              : strays(c, SFX(WEIGHT) | SFX(WEIGHT_SCALE) | SFX(WEIGHT_SCALE_2) | SFX(INPUT_SCALE),
+                       "ModelOpt NVFP4", err);
 }
 
 static int decode_mxfp4(const dctx *c, const k3_tview *w, int64_t rows, int64_t cols,
@@ -150,9 +188,14 @@ static int decode_mxfp4(const dctx *c, const k3_tview *w, int64_t rows, int64_t 
     if ((rc = k3_decode_plain(s, (1u << K3_DTYPE_U8) | (1u << K3_DTYPE_F8_E8M0), 2, ss, err)))
         return rc;
     if ((rc = check_byte_scales(s, true, err))) return rc;
+    /* ModelOpt's W4A8_MXFP4_FP8 adds the static FP8 activation scale */
+    float iv = 0;
+    const k3_tview *in = get(c, "input_scale");
+    if (in && (rc = k3_decode_scalar(in, &iv, err))) return rc;
     *out = (k3_qmat){.fmt = K3_WFMT_MXFP4, .rows = rows, .cols = cols, .data = w->data,
-                     .scale = s->data, .global_scale = 1.0f};
-    return K3_OK;
+                     .scale = s->data, .global_scale = 1.0f, .input_scale = iv};
+    return strays(c, SFX(WEIGHT) | SFX(WEIGHT_PACKED) | SFX(WEIGHT_SCALE) | SFX(INPUT_SCALE), "MXFP4",
+                  err);
 }
 
 static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t cols,
@@ -173,16 +216,18 @@ static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t co
     if (s->dtype != K3_DTYPE_F32 || !(shape_is(s, 2, s2d) || shape_is(s, 4, s4d)))
         return mismatch(s, s->dtype == K3_DTYPE_F32, "F32", s->rank == 4 ? 4 : 2, s->rank == 4 ? s4d : s2d, err);
     const float *sv = s->data;
-    for (int64_t i = 0; i < br * bc; i++) {
+    for (int64_t i = 0; sv && i < br * bc; i++) {
         float v;
         memcpy(&v, sv + i, 4);
-        if (!isfinite(v))
-            return k3_fail(err, K3_ERR_NUMERIC, "%s: non-finite block scale %g at block (%lld,%lld)",
-                           s->name, (double)v, (long long)(i / bc), (long long)(i % bc));
+        /* amax / 448: zero for an all-zero block, never negative */
+        if (!isfinite(v) || v < 0)
+            return k3_fail(err, K3_ERR_NUMERIC, "%s: %s block scale %g at block (%lld,%lld)",
+                           s->name, v < 0 ? "negative" : "non-finite", (double)v,
+                           (long long)(i / bc), (long long)(i % bc));
     }
     *out = (k3_qmat){.fmt = K3_WFMT_FP8_BLOCK, .rows = rows, .cols = cols, .data = w->data,
                      .scale = s->data, .global_scale = 1.0f};
-    return K3_OK;
+    return strays(c, SFX(WEIGHT) | SFX(WEIGHT_SCALE) | SFX(WEIGHT_SCALE_INV), "FP8 block", err);
 }
 
 int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t rows, int64_t cols,
@@ -204,6 +249,8 @@ int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t
         /* compressed-tensors keeps the plain name for a module its class target leaves
          * unquantized */
         if (packed_name && plain && plain_ok) w = other;
+        /* ModelOpt names an MXFP4 weight `weight` (W4A8_MXFP4_FP8); the dtype says which */
+        else if (decl == K3_QS_MXFP4 && other && other->dtype == K3_DTYPE_U8) w = other;
         else if (other)
             return k3_fail(err, K3_ERR_FORMAT, "%s: found, but the %s declaration stores %s.%s",
                            other->name, k3_qscheme_name(decl), module,
@@ -228,6 +275,7 @@ int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t
                            w->name, tdt(w));
         {
             int rc = k3_decode_plain(w, 1u << w->dtype, 2, shape, err);
+            if (!rc) rc = strays(&c, SFX(WEIGHT) | SFX(WEIGHT_PACKED), tdt(w), err);
             if (rc) return rc;
         }
         *out = (k3_qmat){.fmt = w->dtype == K3_DTYPE_BF16  ? K3_WFMT_BF16

@@ -25,6 +25,15 @@ typedef struct k3_tview {
     uint64_t nbytes;
 } k3_tview;
 
+/* The tensor suffixes a linear module may have on disk (module + "." + suffix), in the order of
+ * enum k3_qsuffix. Each format owns a subset; any other present one is an error. */
+enum k3_qsuffix {
+    K3_SFX_WEIGHT, K3_SFX_WEIGHT_PACKED, K3_SFX_WEIGHT_SCALE, K3_SFX_WEIGHT_SCALE_INV,
+    K3_SFX_WEIGHT_SCALE_2, K3_SFX_INPUT_SCALE, K3_SFX_WEIGHT_GLOBAL_SCALE,
+    K3_SFX_INPUT_GLOBAL_SCALE, K3_N_QSUFFIX
+};
+extern const char *const k3_qsuffix[K3_N_QSUFFIX];
+
 /* Looks a tensor up by full name; NULL when absent. */
 typedef const k3_tview *(*k3_tview_find_fn)(void *ctx, const char *name);
 
@@ -32,8 +41,11 @@ typedef const k3_tview *(*k3_tview_find_fn)(void *ctx, const char *name);
  * ".weight" etc.) of logical shape [rows, cols] under the declared scheme. plain_ok: a plain
  * BF16/F16/F32 weight is also accepted under a 4-bit declaration (a compressed-tensors
  * `Linear` class target, which cannot tell modules apart). Plain weights are always accepted
- * under FP8_BLOCK (TensorRT-LLM keeps e.g. b_proj BF16). The tensors it consumed are
- * reported through mark (may be NULL) so the caller can find orphans. */
+ * under FP8_BLOCK (TensorRT-LLM keeps e.g. b_proj BF16). A sibling the decoded format does
+ * not have (a weight_global_scale beside a ModelOpt weight_scale_2, any scale beside a plain
+ * weight) is an error: it would be claimed and silently dropped. Views with data NULL (a
+ * headers-only open) get every dtype and shape check but no value check. The tensors it
+ * consumed are reported through mark (may be NULL) so the caller can find orphans. */
 int k3_decode_linear(const char *module, k3_qscheme scheme, bool plain_ok, int64_t rows, int64_t cols,
                      k3_tview_find_fn find, void *ctx, void (*mark)(void *ctx, const char *name),
                      k3_qmat *out, k3_error *err);
@@ -43,7 +55,8 @@ int k3_decode_linear(const char *module, k3_qscheme scheme, bool plain_ok, int64
 int k3_decode_plain(const k3_tview *t, unsigned allowed_dtypes, int rank, const int64_t *shape,
                     k3_error *err);
 
-/* Reads a scalar global scale ([] or [1], F32/BF16/F16) and checks it is finite and > 0. */
+/* Reads a scalar global scale ([] or [1], F32/BF16/F16) and checks it is finite and > 0
+ * (with data NULL, only dtype and shape; *out = 0). */
 int k3_decode_scalar(const k3_tview *t, float *out, k3_error *err);
 
 /* Formats "[a,b,c]" into buf (for messages). */

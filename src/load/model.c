@@ -18,10 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const qsuffix[] = {"weight", "weight_packed", "weight_scale", "weight_scale_inv",
-                                      "weight_scale_2", "input_scale", "weight_global_scale",
-                                      "input_global_scale"};
-#define N_QSUFFIX (sizeof qsuffix / sizeof *qsuffix)
 
 void k3_model_close(k3_model *m) {
     if (!m) return;
@@ -92,6 +88,33 @@ static k3_dtype tensor_dtype(const k3_model *m, int64_t k) {
 }
 
 /* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
+/* One expert's own declaration against its layer's (d): k3 runs a layer's experts in one
+ * format, so an expert that an exclusion or a missing per-expert entry leaves in another
+ * format is an error, not a tensor decoded under its neighbours' declaration. */
+static int expert_agrees(const k3_model *m, const k3_pentry *e, const k3_qdecl *d, k3_error *err) {
+    k3_qdecl own;
+    int rc = k3_quant_resolve_expert_module(&m->qc, e->name, d, &own, err);
+    if (rc) return rc;
+    if (m->qc.source == K3_QSRC_MODELOPT && own.scheme == K3_QS_NONE && !own.matched &&
+        d->scheme != K3_QS_NONE) {
+        /* MIXED_PRECISION: nothing names this module or an ancestor, the layer's entry names
+         * its siblings */
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: no quantized_layers entry covers it, but its layer's routed experts "
+                       "are declared %s by \"%s\" (k3 runs a layer's experts in one format)",
+                       e->name, d->algo ? d->algo : k3_qscheme_name(d->scheme), d->matched);
+    }
+    if (own.scheme != d->scheme)
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: declared %s by \"%s\", but its layer's routed experts are %s by \"%s\" (k3 "
+                       "runs a layer's experts in one format)",
+                       e->name, own.scheme == K3_QS_NONE ? "unquantized" : k3_qscheme_name(own.scheme),
+                       own.matched ? own.matched : "default",
+                       d->scheme == K3_QS_NONE ? "unquantized" : k3_qscheme_name(d->scheme),
+                       d->matched ? d->matched : "default");
+    return K3_OK;
+}
+
 static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error *err) {
     size_t nt = k3_checkpoint_tensor_count(m->ck);
     uint8_t *claimed = calloc(nt ? nt : 1, 1);
@@ -121,25 +144,30 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
         rc = e->role == K3_R_EXPERT ? k3_quant_resolve_experts(&m->qc, e->layer, &d, err)
                                     : k3_quant_resolve(&m->qc, e->name, &d, err);
         if (rc) break;
+        if (!rc && e->role == K3_R_EXPERT) rc = expert_agrees(m, e, &d, err);
+        if (rc) break;
         le->scheme = d.scheme;
         /* plain weights are unambiguous where the declaration is only a class target or a
          * default (nothing declared for a layer's experts means MXFP4 for the original K3
-         * checkpoint, but a BF16 `.weight` there is still just BF16) */
-        le->plain_ok = d.by_class || d.defaulted;
+         * checkpoint, but a BF16 `.weight` there is still just BF16). The embedding is no
+         * Linear module: no exporter quantizes it or lists it among the exclusions, so a
+         * single-format quant_algo does not reach it. */
+        le->plain_ok = d.by_class || d.defaulted || e->role == K3_R_EMBED;
+        le->defaulted = d.defaulted;
         int found = 0;
         int64_t kw = -1, kp = -1;
         char name[600];
-        for (size_t s = 0; s < N_QSUFFIX; s++) {
-            snprintf(name, sizeof name, "%s.%s", e->name, qsuffix[s]);
+        for (int s = 0; s < K3_N_QSUFFIX; s++) {
+            snprintf(name, sizeof name, "%s.%s", e->name, k3_qsuffix[s]);
             int64_t k = k3_checkpoint_find(m->ck, name);
             if (k < 0) continue;
             found++;
             claimed[k] = 1;
             wanted[k] |= le->selected;
             le->bytes += tensor_bytes(m, k);
-            if (s == 0 || s == 1) le->wdtype = tensor_dtype(m, k);
-            if (s == 0) kw = k;
-            if (s == 1) kp = k;
+            if (s == K3_SFX_WEIGHT || s == K3_SFX_WEIGHT_PACKED) le->wdtype = tensor_dtype(m, k);
+            if (s == K3_SFX_WEIGHT) kw = k;
+            if (s == K3_SFX_WEIGHT_PACKED) kp = k;
         }
         if (kw >= 0 && kp >= 0)
             rc = k3_fail(err, K3_ERR_DUPLICATE, "%s: present twice, as .weight and .weight_packed",
@@ -182,7 +210,7 @@ static int check_a_log(const k3_tview *t, int64_t heads, int64_t pad, k3_error *
     unsigned dts = (1u << K3_DTYPE_F32) | (1u << K3_DTYPE_BF16) | (1u << K3_DTYPE_F16);
     bool r4 = t->rank == 4;
     int rc = k3_decode_plain(t, dts, r4 ? 4 : 1, r4 ? s4 : s1, err);
-    if (rc || r4) return rc;
+    if (rc || r4 || !t->data) return rc;
     size_t es = t->dtype == K3_DTYPE_F32 ? 4 : 2;
     for (int64_t i = heads; i < pad; i++) {
         float v;
@@ -210,6 +238,12 @@ static int decode_all(k3_model *m, k3_error *err) {
         if (e->linear) {
             rc = k3_decode_linear(e->name, le->scheme, le->plain_ok, e->shape[0], e->shape[1],
                                   find_view, m, NULL, &le->q, err);
+            if (rc && le->defaulted && err) {
+                size_t n = strlen(err->msg);
+                snprintf(err->msg + n, sizeof err->msg - n,
+                         " (no quantization entry declares layer %d's routed experts, so they are "
+                         "read as the original Kimi K3's MXFP4, TensorRT-LLM's default)", e->layer);
+            }
         } else {
             le->v = find_view(m, e->name);
             if (!le->v) return k3_fail(err, K3_ERR_INTERNAL, "%s: not loaded", e->name);
@@ -226,7 +260,17 @@ static int decode_all(k3_model *m, k3_error *err) {
         const k3_pentry *e = &m->plan.e[i];
         if (e->role != K3_R_EXPERT || e->proj != 1 || !m->le[i].selected) continue;
         k3_qmat *w1 = &m->le[i].q, *w3 = &m->le[i + 2].q;
-        if (w1->fmt != K3_WFMT_NVFP4 || w1->input_scale == w3->input_scale) continue;
+        if (w1->fmt != K3_WFMT_NVFP4) continue;
+        const char *sfx = m->le[i].scheme == K3_QS_NVFP4_CT ? "input_global_scale" : "input_scale";
+        char n1[600], n3[600];
+        snprintf(n1, sizeof n1, "%s.%s", m->plan.e[i].name, sfx);
+        snprintf(n3, sizeof n3, "%s.%s", m->plan.e[i + 2].name, sfx);
+        bool h1 = find_view(m, n1) != NULL, h3 = find_view(m, n3) != NULL;
+        if (h1 != h3)
+            return k3_fail(err, K3_ERR_MISSING, "%s: missing, but %s is present (one activation "
+                           "scale feeds both, TensorRT-LLM asserts they are equal)",
+                           h1 ? n3 : n1, h1 ? n1 : n3);
+        if (w1->input_scale == w3->input_scale) continue;
         float mx = fmaxf(w1->input_scale, w3->input_scale);
         k3_warn("%s: w1.input_scale %.9g != w3.input_scale %.9g; using the max %.9g for both "
                 "(TensorRT-LLM's rule)", m->plan.e[i].name, (double)w1->input_scale,
@@ -385,6 +429,7 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
     }
     if ((rc = match(m, layer_sel, &wanted, err))) goto fail;
     if (o->headers_only) {
+        if ((rc = k3_read_headers(m, wanted, err)) || (rc = decode_all(m, err))) goto fail;
         for (size_t i = 0; i < m->plan.n; i++) m->le[i].selected = false;
         goto done;
     }

@@ -24,6 +24,7 @@ typedef struct k3_lentry {
     bool selected;        /* in the layer subset and (experts) owned by this rank */
     k3_qscheme scheme;    /* declared scheme (linear entries) */
     bool plain_ok;        /* declaration by class: plain weights accepted too */
+    bool defaulted;       /* routed experts nothing declares: read as the original's MXFP4 */
     k3_qmat q;            /* linear entries, once decoded */
     const k3_tview *v;    /* plain entries, once loaded */
     uint64_t bytes;       /* bytes of all its checkpoint tensors (scales included) */

@@ -169,3 +169,23 @@ done:
     free(P.files);
     return rc;
 }
+
+int k3_read_headers(k3_model *m, const bool *wanted, k3_error *err) {
+    size_t nt = k3_checkpoint_tensor_count(m->ck), nv = 0;
+    for (size_t k = 0; k < nt; k++) nv += wanted[k];
+    if (!(m->views = calloc(nv ? nv : 1, sizeof *m->views)))
+        return k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
+    for (size_t k = 0; k < nt; k++) {
+        if (!wanted[k]) continue;
+        k3_tensor_info ti;
+        int rc = k3_checkpoint_tensor_info(m->ck, k, &ti, err);
+        if (rc) return rc;
+        k3_tview *tv = &m->views[m->n_views];
+        *tv = (k3_tview){.name = ti.name, .dtype = ti.dtype, .rank = ti.rank, .nbytes = ti.nbytes};
+        for (int i = 0; i < ti.rank; i++) tv->shape[i] = (int64_t)ti.shape[i];
+        if ((rc = k3_name_table_put(&m->vt, ti.name, m->n_views++, NULL)) != K3_OK)
+            return k3_fail(err, rc, "%s: %s in the loaded set", ti.name,
+                           rc == K3_ERR_DUPLICATE ? "present twice" : "out of memory");
+    }
+    return K3_OK;
+}

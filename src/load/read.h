@@ -26,5 +26,8 @@ bool k3_read_progress_line(char *buf, size_t size, uint64_t done, uint64_t total
 
 /* wanted[k] for checkpoint tensor k. Fills m->views, m->bufs, m->vt, bytes_read/kept. */
 int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_error *err);
+/* The same views without the bytes (data NULL), for a headers-only open: the decoder then
+ * checks every dtype, shape and sibling, and no value. */
+int k3_read_headers(k3_model *m, const bool *wanted, k3_error *err);
 
 #endif
