@@ -78,6 +78,16 @@ static void test_swiglu_bias_clamp(void **state) {
     p = P(K3_ACT_SWIGLU_BIAS, al, be, NULL);
     want = 50.0 * sig(50.0) * (-90.0 + 0.5);
     assert_true(fabs(k3_act_f64(&p, 1, 50, -90) - want) < 1e-12);
+    /* No alpha / beta arrays: the kernel defaults alpha 1, beta 0 (moe.md §1.2), in both
+     * precisions and accepted by validation. */
+    p = P(K3_ACT_SWIGLU_BIAS, NULL, NULL, li);
+    assert_int_equal(k3_act_params_validate(&p, 2, NULL), K3_OK);
+    want = 1.5 * sig(1.5) * 0.25;
+    assert_true(fabs(k3_act_f64(&p, 0, 1.5, 0.25) - want) < 1e-14);
+    assert_true(fabs(k3_act_f32(&p, 0, 1.5f, 0.25f) - want) < 1e-6);
+    p = P(K3_ACT_SWIGLU_BIAS, NULL, be, NULL);
+    want = 1.5 * sig(1.5) * (0.25 + 0.5);
+    assert_true(fabs(k3_act_f64(&p, 1, 1.5, 0.25) - want) < 1e-14);
 }
 
 static void test_f32_matches_f64(void **state) {
@@ -157,13 +167,19 @@ static void test_validation(void **state) {
     al[1] = NAN;
     expect_fail(&p, 3, K3_ERR_NUMERIC, "alpha", "expert 1");
     al[1] = 4;
-    /* SwigluBias: arrays required; limit optional, NaN rejected, +inf accepted. */
+    /* SwigluBias: arrays optional (defaults 1 / 0) but finite where given; limit optional, NaN
+     * rejected, +inf accepted. */
     p = P(K3_ACT_SWIGLU_BIAS, al, be, NULL);
     assert_int_equal(k3_act_params_validate(&p, 3, NULL), K3_OK);
-    expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, NULL, be, NULL}, 3, K3_ERR_MISSING, "alpha",
-                NULL);
-    expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, al, NULL, li}, 3, K3_ERR_MISSING, "beta",
-                NULL);
+    assert_int_equal(k3_act_params_validate(&(k3_act_params){K3_ACT_SWIGLU_BIAS, NULL, be, NULL}, 3, NULL),
+                     K3_OK);
+    assert_int_equal(k3_act_params_validate(&(k3_act_params){K3_ACT_SWIGLU_BIAS, al, NULL, li}, 3, NULL),
+                     K3_OK);
+    {
+        float bad[3] = {0, INFINITY, 0};
+        expect_fail(&(k3_act_params){K3_ACT_SWIGLU_BIAS, NULL, bad, NULL}, 3, K3_ERR_NUMERIC, "beta",
+                    "expert 1");
+    }
     li[0] = INFINITY;
     p.limit = li;
     assert_int_equal(k3_act_params_validate(&p, 3, NULL), K3_OK);

@@ -31,6 +31,7 @@
 #include "moe/moe.h"
 #include "moe/moe_cpu.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +74,16 @@ static int parse(int argc, char **argv, moe_args *a, int *help) {
             a->experts_only = 1;
             continue;
         }
+        static const char *const with_value[] = {"-m", "--model", "--in", "--out", "--backend",
+                                                 "--act", "--random", "--seed", "--layer",
+                                                 "--ep-size", "--ep-rank", "-t", "--threads"};
+        bool known = false;
+        for (size_t j = 0; j < sizeof with_value / sizeof *with_value; j++)
+            known = known || !strcmp(s, with_value[j]);
+        if (!known)
+            return cli_fail(CMD, "unknown option: %s", s);
         if (!v)
-            return cli_fail(CMD, "%s: missing value (or unknown option)", s);
+            return cli_fail(CMD, "%s: missing value", s);
         i++;
         if (cli_is_opt(s, "-m", "--model"))
             a->model = v;
@@ -354,6 +363,13 @@ static int run(const moe_args *a, moe_run *r) {
     if (rc)
         return cli_fail_err(CMD, &err);
     double dt = k3_now() - t0;
+    /* every input was checked finite, so a non-finite output is fp32 range exceeded (huge x
+     * or weights): an error, never a file of inf */
+    for (int64_t i = 0; i < T * width; i++)
+        if (!isfinite(r->y[i]))
+            return cli_fail(CMD, "y[%lld][%lld] is %g: the result exceeds the float32 range (inputs "
+                            "finite but too large)", (long long)(i / width), (long long)(i % width),
+                            (double)r->y[i]);
     if (write_out(a->out, r->y, (int)T, width, r->ids, r->w, K))
         return 1;
     fprintf(

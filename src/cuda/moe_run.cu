@@ -529,10 +529,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
 extern "C" int k3_cuda_moe_run_host(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *x, int T,
                                     const int32_t *ids, const float *w, int k, float *y, k3_error *err) {
     if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
-    for (long long i = 0; i < (long long)T * k; i++)
-        if (ids[i] < 0 || ids[i] >= m->d.n_experts)
-            return k3_fail(err, K3_ERR_ARG, "ids[%lld, %lld]: expert %d outside [0, %d)", i / k, i % k, ids[i],
-                           m->d.n_experts);
+    int rc = k3_experts_validate_inputs(m->d.n_experts, m->d.H, x, T, ids, w, k, err);
+    if (rc) return rc;
     if (T == 0) return K3_OK;
     const size_t H = m->d.H, nx = (size_t)T * H * 4, ni = (size_t)T * k * 4;
     char *buf = NULL;
@@ -540,7 +538,6 @@ extern "C" int k3_cuda_moe_run_host(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mo
     float *dx = (float *)buf, *dy = (float *)(buf + al256(nx));
     int32_t *di = (int32_t *)(buf + 2 * al256(nx));
     float *dw = (float *)(buf + 2 * al256(nx) + al256(ni));
-    int rc = K3_OK;
     cudaError_t ce = cudaMemcpy(dx, x, nx, cudaMemcpyHostToDevice);
     if (ce == cudaSuccess) ce = cudaMemcpy(di, ids, ni, cudaMemcpyHostToDevice);
     if (ce == cudaSuccess) ce = cudaMemcpy(dw, w, ni, cudaMemcpyHostToDevice);

@@ -78,6 +78,10 @@ static float pow2f(int e) {
 
 /* ---- NVFP4 ------------------------------------------------------------------------- */
 
+float k3_nvfp4_weight_scale_2(float amax) {
+    return amax == 0.0f ? 1.0f : amax * RCP_2688;
+}
+
 int k3_nvfp4_quantize_weight(const float *w, int64_t rows, int64_t cols, uint8_t *packed,
                              uint8_t *scales, float *weight_scale_2, k3_error *err) {
     int rc = check_shape(rows, cols, K3_NVFP4_BLOCK, "nvfp4 weight", w, packed, scales, err);
@@ -94,7 +98,7 @@ int k3_nvfp4_quantize_weight(const float *w, int64_t rows, int64_t cols, uint8_t
         if (a > amax)
             amax = a;
     }
-    float ws2 = amax == 0.0f ? 1.0f : amax * RCP_2688;
+    float ws2 = k3_nvfp4_weight_scale_2(amax);
     if (!(ws2 >= FLT_MIN))
         return k3_fail(err, K3_ERR_NUMERIC,
                        "nvfp4 weight: amax %g is too small: weight_scale_2 would be subnormal",

@@ -39,6 +39,8 @@
  * Fails (K3_ERR_NUMERIC) on NaN/Inf input, (K3_ERR_SHAPE) on cols % 16 != 0. */
 int k3_nvfp4_quantize_weight(const float *w, int64_t rows, int64_t cols, uint8_t *packed,
                              uint8_t *scales, float *weight_scale_2, k3_error *err);
+/* That weight_scale_2 for a (finite) matrix amax: amax * float(1/2688), 1.0 for 0. */
+float k3_nvfp4_weight_scale_2(float amax);
 
 /* The same with a caller-chosen weight_scale_2 (for fused gate/up sharing one scale), which
  * must be a normal positive float. Per 16-block b of row r, in float32:

@@ -5,6 +5,8 @@
 #include "formats/fp.h"
 
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +101,42 @@ void k3_emit_split(k3_emit_item *items, size_t n, int n_shards, uint64_t total) 
     }
 }
 
+void k3_emit_pair_gate_up(k3_emit_item *const *by_plan, const k3_plan *p, bool gated) {
+    for (size_t i = 0; gated && i + 2 < p->n; i++) {
+        const k3_pentry *e = &p->e[i];
+        k3_emit_item *a = by_plan[i], *b = by_plan[i + 2];
+        if (e->role != K3_R_EXPERT || e->proj != 1 || !a || !b || p->e[i + 2].proj != 3) continue;
+        bool nv = (a->scheme == K3_QS_NVFP4 || a->scheme == K3_QS_NVFP4_CT) && b->scheme == a->scheme;
+        if (nv) a->partner = b, b->partner = a;
+    }
+}
+
+static float amax_of(const float *v, int64_t n) {
+    float a = 0;
+    for (int64_t i = 0; i < n; i++) a = fabsf(v[i]) > a ? fabsf(v[i]) : a;
+    return a;
+}
+
+/* The weight_scale_2 of it and its partner together (their joint amax), read again from the
+ * source so each item's bytes still depend on nothing but the items. */
+static int shared_ws2(const k3_emit_item *it, const k3_emit_src *src, const float *v, int64_t n,
+                      float *ws2, k3_error *err) {
+    float *pv = malloc((size_t)n * sizeof *pv);
+    if (!pv) return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory", it->e->name);
+    int rc = src->values(src->ctx, it->partner, pv, n, err);
+    if (!rc) {
+        float a = amax_of(v, n), b = amax_of(pv, n), amax = a > b ? a : b;
+        if (!isfinite(amax)) /* the quantizer names the bad value of its own matrix */
+            amax = a;
+        *ws2 = k3_nvfp4_weight_scale_2(amax);
+        if (!(*ws2 >= FLT_MIN))
+            rc = k3_fail(err, K3_ERR_NUMERIC, "%s: amax %g is too small: weight_scale_2 would be "
+                         "subnormal", it->e->name, (double)amax);
+    }
+    free(pv);
+    return rc;
+}
+
 /* Produces one item into bufs[0..nt) (each t[i].nbytes). */
 static int produce(const k3_emit_item *it, const k3_emit_src *src, void **bufs, k3_error *err) {
     if (!it->e) {
@@ -125,7 +163,10 @@ static int produce(const k3_emit_item *it, const k3_emit_src *src, void **bufs, 
         rc = k3_fp8_block_quantize(v, r, c, bufs[0], bufs[1], err);
     } else if (it->scheme == K3_QS_NVFP4 || it->scheme == K3_QS_NVFP4_CT) {
         float ws2, in = it->no_input_scale ? 0 : src->input_scale(src->ctx, it);
-        rc = k3_nvfp4_quantize_weight(v, r, c, bufs[0], bufs[1], &ws2, err);
+        if (it->partner) rc = shared_ws2(it, src, v, n, &ws2, err);
+        rc = rc ? rc
+             : it->partner ? k3_nvfp4_quantize_weight_gs(v, r, c, ws2, bufs[0], bufs[1], err)
+                           : k3_nvfp4_quantize_weight(v, r, c, bufs[0], bufs[1], &ws2, err);
         if (it->scheme == K3_QS_NVFP4_CT) ws2 = 1.0f / ws2, in = 1.0f / in;
         memcpy(bufs[2], &ws2, 4);
         if (!it->no_input_scale) memcpy(bufs[3], &in, 4);

@@ -31,6 +31,9 @@ typedef struct k3_emit_item {
     k3_qscheme scheme;      /* linear entries: the scheme to write (NONE: plain) */
     k3_dtype plain_dtype;   /* plain output dtype (BF16 or F32) */
     bool no_input_scale;    /* NVFP4: write no activation scale (no calibration data) */
+    /* NVFP4: the item sharing this one's weight_scale_2 (a routed expert's w3 for its w1 and
+     * back: the fused gate/up GEMM has one global scale, moe.md §2.2 and §4.2), or NULL */
+    const struct k3_emit_item *partner;
     /* copy: this tensor's bytes, unchanged */
     k3_st_file *copy_file;
     const k3_st_tensor *copy;
@@ -48,6 +51,10 @@ typedef struct k3_emit_src {
     /* NVFP4 input_scale of a module (> 0), or any value when it->no_input_scale. */
     float (*input_scale)(void *ctx, const k3_emit_item *it);
 } k3_emit_src;
+
+/* Pairs each gated routed expert's w1 and w3 items (by_plan[i]: the item of plan entry i, or
+ * NULL) when both are NVFP4, so they share one weight_scale_2. */
+void k3_emit_pair_gate_up(k3_emit_item *const *by_plan, const k3_plan *p, bool gated);
 
 /* Names, dtypes, shapes and byte counts of each item's file tensors; total in *total. */
 int k3_emit_prepare(k3_emit_item *items, size_t n, uint64_t *total, k3_error *err);

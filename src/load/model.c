@@ -253,9 +253,12 @@ static int decode_all(k3_model *m, k3_error *err) {
         }
         if (rc) return rc;
     }
-    /* TensorRT-LLM asserts w1.input_scale == w3.input_scale per expert; k3 takes the max (its
-     * fc1 rule) and says so, since a mismatch changes the activation scale of both. */
+    /* One activation scale feeds w1 and w3 (the FC1 input), so TensorRT-LLM asserts
+     * w1.input_scale == w3.input_scale per expert: a mismatch is a malformed checkpoint. Their
+     * weight_scale_2 should be shared too (moe.md §2.2); where they differ TensorRT-LLM takes
+     * the max without rescaling the block scales, k3 decodes each exactly, and says so once. */
     bool gated = k3_act_is_gated(k3_plan_expert_act(&m->mc));
+    size_t ws2_differ = 0, ws2_first = 0;
     for (size_t i = 0; gated && i + 2 < m->plan.n; i++) {
         const k3_pentry *e = &m->plan.e[i];
         if (e->role != K3_R_EXPERT || e->proj != 1 || !m->le[i].selected) continue;
@@ -270,12 +273,18 @@ static int decode_all(k3_model *m, k3_error *err) {
             return k3_fail(err, K3_ERR_MISSING, "%s: missing, but %s is present (one activation "
                            "scale feeds both, TensorRT-LLM asserts they are equal)",
                            h1 ? n3 : n1, h1 ? n1 : n3);
-        if (w1->input_scale == w3->input_scale) continue;
-        float mx = fmaxf(w1->input_scale, w3->input_scale);
-        k3_warn("%s: w1.input_scale %.9g != w3.input_scale %.9g; using the max %.9g for both "
-                "(TensorRT-LLM's rule)", m->plan.e[i].name, (double)w1->input_scale,
-                (double)w3->input_scale, (double)mx);
-        w1->input_scale = w3->input_scale = mx;
+        if (w1->input_scale != w3->input_scale)
+            return k3_fail(err, K3_ERR_FORMAT, "%s: %.9g, but %s: %.9g (one activation scale feeds "
+                           "both; TensorRT-LLM asserts they are equal)", n1, (double)w1->input_scale,
+                           n3, (double)w3->input_scale);
+        if (w1->global_scale != w3->global_scale && !ws2_differ++) ws2_first = i;
+    }
+    if (ws2_differ) {
+        const k3_qmat *w1 = &m->le[ws2_first].q, *w3 = &m->le[ws2_first + 2].q;
+        k3_warn("%s: w1 and w3 global scales differ (%.9g, %.9g), and in %zu expert(s) in all: k3 "
+                "decodes each exactly; TensorRT-LLM would take the max for both without rescaling "
+                "the block scales", m->plan.e[ws2_first].name, (double)w1->global_scale,
+                (double)w3->global_scale, ws2_differ);
     }
     return K3_OK;
 }
@@ -311,8 +320,10 @@ static int assemble(k3_model *m, const bool *layer_sel, k3_error *err) {
             b->model_width = (int)H;
             b->router = (k3_router){.fn = mc->route_fn, .n_experts = (int)mc->num_experts,
                                     .top_k = (int)mc->num_experts_per_token,
-                                    .n_group = (int)mc->num_expert_group,
-                                    .topk_group = (int)mc->topk_group,
+                                    /* use_grouped_topk false: plain top-k, whatever
+                                     * the group fields say */
+                                    .n_group = mc->use_grouped_topk ? (int)mc->num_expert_group : 1,
+                                    .topk_group = mc->use_grouped_topk ? (int)mc->topk_group : 1,
                                     .renormalize = mc->moe_renormalize,
                                     .routed_scaling_factor = (float)mc->routed_scaling_factor};
             b->experts = (k3_experts){
@@ -421,8 +432,8 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
     for (int64_t l = 0; l < NL; l++) layer_sel[l] = o->layers == NULL;
     for (int i = 0; o->layers && i < o->n_layers; i++) {
         if (o->layers[i] < 0 || o->layers[i] >= NL) {
-            rc = k3_fail(err, K3_ERR_ARG, "k3_model_open: layers[%d]: expected in [0, %lld), found %d",
-                         i, (long long)NL, o->layers[i]);
+            rc = k3_fail(err, K3_ERR_ARG, "layer %d: %s has %lld decoder layers (0..%lld)",
+                         o->layers[i], o->path, (long long)NL, (long long)NL - 1);
             goto fail;
         }
         layer_sel[o->layers[i]] = true;

@@ -17,6 +17,7 @@
 #include "load/model.h"
 
 #include "formats/fp.h"
+#include "moe/activation.h"
 #include "io/json.h"
 
 #include <dirent.h>
@@ -154,7 +155,7 @@ int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
     k3_model *m = calloc(1, sizeof *m); /* reuses the loader's config + plan fields */
     if (!m) return k3_fail(err, K3_ERR_NOMEM, "quantize: out of memory");
     k3_qpattern *only = NULL, *excl = NULL;
-    k3_emit_item *items = NULL;
+    k3_emit_item *items = NULL, **by_plan = NULL;
     k3_quant_config qc;
     k3_quant_config_init(&qc);
     k3_quant_config_init(&m->qc);
@@ -192,7 +193,8 @@ int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
     }
     /* select linear modules; everything else stays a copy */
     size_t n_sel = 0;
-    if (!(experts_sel = calloc((size_t)m->mc.num_hidden_layers, sizeof *experts_sel))) {
+    if (!(experts_sel = calloc((size_t)m->mc.num_hidden_layers, sizeof *experts_sel)) ||
+        !(by_plan = calloc(m->plan.n ? m->plan.n : 1, sizeof *by_plan))) {
         rc = k3_fail(err, K3_ERR_NOMEM, "quantize: out of memory");
         goto done;
     }
@@ -234,6 +236,7 @@ int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
             break;
         }
         it->e = e, it->scheme = scheme, it->no_input_scale = true;
+        by_plan[i] = it;
         n_sel++;
         if (e->role == K3_R_EXPERT) {
             experts_sel[e->layer]++;
@@ -269,6 +272,7 @@ int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
         rc = k3_quant_plan_ct(&qc, scheme, (const char *const *)ignore, n_ignore, err);
     for (size_t i = 0; i < m->plan.n && !rc && (scheme == K3_QS_NVFP4 || scheme == K3_QS_FP8_BLOCK); i++)
         if (m->plan.e[i].role == K3_R_ROUTER) rc = k3_quant_config_add_exclude(&qc, m->plan.e[i].name, err);
+    if (!rc) k3_emit_pair_gate_up(by_plan, &m->plan, k3_act_is_gated(k3_plan_expert_act(&m->mc)));
     uint64_t total;
     if (!rc) rc = k3_emit_prepare(items, nt, &total, err);
     if (rc) goto done;
@@ -296,6 +300,7 @@ done:
     for (int i = 0; excl && i < o->n_exclude; i++) k3_qpattern_free(&excl[i]);
     free(only), free(excl);
     free(items);
+    free(by_plan);
     free(experts_sel);
     k3_quant_config_free(&qc);
     k3_model_close(m);

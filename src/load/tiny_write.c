@@ -5,6 +5,7 @@
 #include "load/tiny.h"
 
 #include "load/emit.h"
+#include "moe/activation.h"
 
 #include <errno.h>
 #include <math.h>
@@ -159,6 +160,13 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
          * covers the router-adjacent latent projections (k3-architecture.md §1.2, §8) */
         if (d.by_class && d.scheme == K3_QS_MXFP4 && it->e->role != K3_R_EXPERT)
             it->scheme = K3_QS_NONE;
+    }
+    if (!rc) {
+        k3_emit_item **by_plan = malloc(plan.n * sizeof *by_plan);
+        if (!by_plan) rc = k3_fail(err, K3_ERR_NOMEM, "make-tiny: out of memory");
+        for (size_t i = 0; by_plan && i < plan.n; i++) by_plan[i] = &items[i];
+        if (by_plan) k3_emit_pair_gate_up(by_plan, &plan, k3_act_is_gated(k3_plan_expert_act(&mc)));
+        free(by_plan);
     }
     uint64_t total = 0;
     if (!rc) rc = k3_emit_prepare(items, plan.n, &total, err);

@@ -94,11 +94,12 @@ int k3_act_params_validate(const k3_act_params *p, int n_local, k3_error *err) {
             return k3_fail(err, K3_ERR_UNSUPPORTED,
                            "situ: parameter limit must be NULL (SiTU has no clamp limit)");
     } else if (p->act == K3_ACT_SWIGLU_BIAS) {
-        if ((rc = check_array(p->alpha, n_local, "swiglu_bias", "alpha", finite_any,
-                              "a finite value", err)))
+        /* absent arrays are the kernel defaults, alpha 1 and beta 0 (moe.md §1.2, §1.3) */
+        if (p->alpha && (rc = check_array(p->alpha, n_local, "swiglu_bias", "alpha", finite_any,
+                                          "a finite value", err)))
             return rc;
-        if ((rc = check_array(p->beta, n_local, "swiglu_bias", "beta", finite_any, "a finite value",
-                              err)))
+        if (p->beta && (rc = check_array(p->beta, n_local, "swiglu_bias", "beta", finite_any,
+                                         "a finite value", err)))
             return rc;
         if (p->limit && (rc = check_array(p->limit, n_local, "swiglu_bias", "limit", limit_ok,
                                           "a value > 0 (or +inf)", err)))
@@ -136,7 +137,7 @@ double k3_act_f64(const k3_act_params *p, int e, double g, double u) {
     case K3_ACT_GEGLU:
         return gelu_d(g) * u;
     case K3_ACT_SWIGLU_BIAS: {
-        double a = p->alpha[e], b = p->beta[e];
+        double a = p->alpha ? p->alpha[e] : 1.0, b = p->beta ? p->beta[e] : 0.0;
         double lim = p->limit ? (double)p->limit[e] : INFINITY;
         double gc = g < lim ? g : lim;
         double uc = u < -lim ? -lim : (u > lim ? lim : u);
@@ -177,7 +178,7 @@ float k3_act_f32(const k3_act_params *p, int e, float g, float u) {
     case K3_ACT_GEGLU:
         return gelu_f(g) * u;
     case K3_ACT_SWIGLU_BIAS: {
-        float a = p->alpha[e], b = p->beta[e];
+        float a = p->alpha ? p->alpha[e] : 1.0f, b = p->beta ? p->beta[e] : 0.0f;
         float lim = p->limit ? p->limit[e] : INFINITY;
         float gc = g < lim ? g : lim;
         float uc = u < -lim ? -lim : (u > lim ? lim : u);

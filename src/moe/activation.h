@@ -35,8 +35,8 @@ int k3_act_from_name(const char *name, k3_act *out, k3_error *err);
  *  - act is a real activation;
  *  - SiTU: alpha (gate-side beta) and beta (linear beta) present, each finite and > 0 for
  *    every local expert; limit must be NULL (SiTU has no clamp);
- *  - SwigluBias: alpha and beta present and finite; limit optional (NULL = +inf), each entry
- *    > 0 (may be +inf), never NaN;
+ *  - SwigluBias: alpha and beta finite where given (NULL: the kernel defaults 1 and 0);
+ *    limit optional (NULL = +inf), each entry > 0 (may be +inf), never NaN;
  *  - every other activation ignores the arrays and needs none.
  * Errors name the parameter and the local expert index. */
 int k3_act_params_validate(const k3_act_params *p, int n_local, k3_error *err);

@@ -451,10 +451,7 @@ static int validate(const k3_experts *ex, k3_act_mode mode, const float *x, int 
         return k3_fail(err, K3_ERR_ARG, "%s: NULL with T = %d", !x ? "x" : !ids ? "ids" : !w ? "w" : "y", T);
     int rc = k3_experts_validate(ex, mode, err); /* geometry, activation params, mode rules */
     if (rc) return rc;
-    for (int64_t i = 0; i < (int64_t)T * k; i++)
-        if (ids[i] < 0 || ids[i] >= ex->n_experts)
-            return k3_fail(err, K3_ERR_ARG, "ids[%lld][%lld]: expected an expert id in [0, %d), found %d",
-                           (long long)(i / k), (long long)(i % k), ex->n_experts, (int)ids[i]);
+    if ((rc = k3_experts_validate_inputs(ex->n_experts, ex->hidden, x, T, ids, w, k, err))) return rc;
     k3_wfmt fmt = ex->e[0].w1.fmt;
     if (fmt != K3_WFMT_NVFP4 && fmt != K3_WFMT_MXFP4 && fmt != K3_WFMT_BF16 && fmt != K3_WFMT_F32)
         return k3_fail(err, K3_ERR_UNSUPPORTED,

@@ -150,6 +150,11 @@ int k3_moe_experts_ref_f32(void *ctx, const k3_experts *ex, k3_act_mode mode, co
  * to w1's) and H, I multiples of 16; W4A8 needs MXFP4 and multiples of 32. */
 int k3_experts_validate(const k3_experts *ex, k3_act_mode mode, k3_error *err);
 
+/* The call's inputs, the same for every backend: topk_ids in [0, n_experts), topk_weights
+ * and x[T, hidden] finite (a NaN would otherwise flow into every output it touches). */
+int k3_experts_validate_inputs(int n_experts, int hidden, const float *x, int T,
+                               const int32_t *ids, const float *w, int k, k3_error *err);
+
 /* "w4a16", "w4a4", "w4a8", "w4a16-bf16"; and back (K3_ERR_ARG naming the string). */
 const char *k3_act_mode_name(k3_act_mode mode);
 int k3_act_mode_from_name(const char *name, k3_act_mode *out, k3_error *err);

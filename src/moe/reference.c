@@ -248,19 +248,24 @@ static int check_call(const k3_experts *ex, k3_act_mode mode, const float *x, in
     if (T < 0 || k < 1)
         return k3_fail(err, K3_ERR_ARG, "moe experts: T must be >= 0 and k >= 1, found %d, %d", T,
                        k);
+    return k3_experts_validate_inputs(ex->n_experts, ex->hidden, x, T, ids, w, k, err);
+}
+
+int k3_experts_validate_inputs(int n_experts, int hidden, const float *x, int T,
+                               const int32_t *ids, const float *w, int k, k3_error *err) {
     for (int64_t i = 0; i < (int64_t)T * k; i++) {
-        if (ids[i] < 0 || ids[i] >= ex->n_experts)
+        if (ids[i] < 0 || ids[i] >= n_experts)
             return k3_fail(err, K3_ERR_ARG,
                            "moe experts: topk_ids[%lld][%lld] = %d: expected 0..%d",
-                           (long long)(i / k), (long long)(i % k), ids[i], ex->n_experts - 1);
+                           (long long)(i / k), (long long)(i % k), ids[i], n_experts - 1);
         if (w && !isfinite(w[i]))
             return k3_fail(err, K3_ERR_NUMERIC, "moe experts: topk_weights[%lld][%lld] is %g",
                            (long long)(i / k), (long long)(i % k), (double)w[i]);
     }
-    for (int64_t i = 0; i < (int64_t)T * ex->hidden; i++)
+    for (int64_t i = 0; i < (int64_t)T * hidden; i++)
         if (!isfinite(x[i]))
             return k3_fail(err, K3_ERR_NUMERIC, "moe experts: x[%lld][%lld] is %g",
-                           (long long)(i / ex->hidden), (long long)(i % ex->hidden), (double)x[i]);
+                           (long long)(i / hidden), (long long)(i % hidden), (double)x[i]);
     return K3_OK;
 }
 
