@@ -64,6 +64,7 @@ typedef struct moe_args {
 
 static int parse(int argc, char **argv, moe_args *a, int *help) {
     *a = (moe_args){.backend = "ref", .act = "w4a16", .layer = -1, .ep_size = 1, .ep_rank = -1};
+    unsigned seen = 0;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -74,14 +75,19 @@ static int parse(int argc, char **argv, moe_args *a, int *help) {
             a->experts_only = 1;
             continue;
         }
-        static const char *const with_value[] = {"-m", "--model", "--in", "--out", "--backend",
-                                                 "--act", "--random", "--seed", "--layer",
-                                                 "--ep-size", "--ep-rank", "-t", "--threads"};
-        bool known = false;
-        for (size_t j = 0; j < sizeof with_value / sizeof *with_value; j++)
-            known = known || !strcmp(s, with_value[j]);
-        if (!known)
+        /* the options that take a value, a short and a long spelling per row */
+        static const char *const with_value[][2] = {
+            {"-m", "--model"}, {NULL, "--in"},   {NULL, "--out"},     {NULL, "--backend"},
+            {NULL, "--act"},   {NULL, "--random"}, {NULL, "--seed"},  {NULL, "--layer"},
+            {NULL, "--ep-size"}, {NULL, "--ep-rank"}, {"-t", "--threads"}};
+        int known = -1;
+        for (int j = 0; j < (int)(sizeof with_value / sizeof *with_value); j++)
+            if (cli_is_opt(s, with_value[j][0], with_value[j][1])) known = j;
+        if (known < 0)
             return cli_fail(CMD, "unknown option: %s", s);
+        if (seen & (1u << known))
+            return cli_fail(CMD, "%s: given twice", s);
+        seen |= 1u << known;
         if (!v)
             return cli_fail(CMD, "%s: missing value", s);
         i++;

@@ -4,7 +4,7 @@
 - non-finite x or topk_weights given to --experts-only are errors on every backend, as on the
   reference (the CPU path used to return a file of NaN);
 - an output that leaves the float32 range (finite but huge inputs) is an error, not inf;
-- unknown options and out-of-range layers are named as such."""
+- unknown, repeated and value-less options and out-of-range layers are named as such."""
 import json
 import os
 import pathlib
@@ -102,5 +102,8 @@ def test_option_and_layer_messages(tiny, tmp_path):
     assert p.returncode != 0 and "unknown option: --bogus" in p.stderr, p.stderr
     p = k3("moe", "-m", tiny, "--layer", 1, "--random", 2, "--out")
     assert p.returncode != 0 and "--out: missing value" in p.stderr, p.stderr
+    p = k3("moe", "-m", tiny, "--layer", 1, "--random", 2, "--out", tmp_path / "y.safetensors",
+           "--ep-size", 2, "--model", tiny)
+    assert p.returncode != 0 and "--model: given twice" in p.stderr, p.stderr
     p = k3("moe", "-m", tiny, "--layer", 9, "--random", 2, "--out", tmp_path / "y.safetensors")
     assert p.returncode != 0 and "layer 9: " in p.stderr and "decoder layers (0..3)" in p.stderr, p.stderr
