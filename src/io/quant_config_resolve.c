@@ -94,17 +94,22 @@ static const k3_qlayer *find_self_or_ancestor(const k3_quant_config *qc, const c
     }
 }
 
-/* An exclude pattern matching name or one of its ancestors (*out NULL when none). */
-static int excluded(const k3_quant_config *qc, const char *name, const k3_qpattern **out,
-                    k3_error *err) {
+/* An exclude pattern matching name or one of its ancestors (*out NULL when none).
+ * expert_only: only the expert-level patterns, on a routed expert's module and its
+ * `experts.N` parent; the levels above are its layer's, which the per-layer lookup matched
+ * with every pattern. */
+static int excluded(const k3_quant_config *qc, const char *name, bool expert_only,
+                    const k3_qpattern **out, k3_error *err) {
     *out = NULL;
     if (!qc->n_exclude)
         return K3_OK;
     char buf[NAME_MAX_LEN];
     snprintf(buf, sizeof buf, "%s", name);
-    for (;;) {
+    for (int level = 0; !expert_only || level < 2; level++) {
         for (size_t i = 0; i < qc->n_exclude; i++) {
             bool hit;
+            if (expert_only && !qc->exclude[i].expert_level)
+                continue;
             int rc = k3_qpattern_match_checked(&qc->exclude[i], buf, &hit, err);
             if (rc)
                 return rc;
@@ -118,6 +123,7 @@ static int excluded(const k3_quant_config *qc, const char *name, const k3_qpatte
             return K3_OK;
         *dot = '\0';
     }
+    return K3_OK;
 }
 
 static void decl_of_layer(const k3_qlayer *l, k3_qdecl *out) {
@@ -145,11 +151,11 @@ static int check_name(const char *module, k3_error *err) {
     return K3_OK;
 }
 
-static int resolve_modelopt(const k3_quant_config *qc, char v[N_VARIANTS][NAME_MAX_LEN], int nv,
-                            k3_qdecl *out, k3_error *err) {
+static int resolve_modelopt(const k3_quant_config *qc, char v[][NAME_MAX_LEN], int nv,
+                            bool expert_only, k3_qdecl *out, k3_error *err) {
     for (int i = 0; i < nv; i++) {
         const k3_qpattern *p;
-        int rc = excluded(qc, v[i], &p, err);
+        int rc = excluded(qc, v[i], expert_only, &p, err);
         if (rc)
             return rc;
         if (p) {
@@ -220,7 +226,7 @@ int k3_quant_resolve(const k3_quant_config *qc, const char *module, k3_qdecl *ou
     char v[N_VARIANTS][NAME_MAX_LEN];
     int nv = variants(module, v);
     if (qc->source == K3_QSRC_MODELOPT)
-        rc = resolve_modelopt(qc, v, nv, out, err);
+        rc = resolve_modelopt(qc, v, nv, false, out, err);
     else if (qc->source == K3_QSRC_COMPRESSED_TENSORS)
         rc = resolve_ct(qc, v, nv, false, out, err);
     if (rc)
@@ -248,52 +254,17 @@ int k3_quant_resolve_expert_module(const k3_quant_config *qc, const char *module
     int rc = check_name(module, err);
     if (rc || layer->defaulted)
         return rc;
+    bool ct = qc->source == K3_QSRC_COMPRESSED_TENSORS;
+    /* a plain checkpoint, or an excluded ModelOpt layer: its experts inherit the layer's */
+    if (!ct && (qc->source != K3_QSRC_MODELOPT || (layer->scheme == K3_QS_NONE && layer->matched)))
+        return K3_OK;
     char v[2 * N_VARIANTS][NAME_MAX_LEN];
     int nv = expert_variants(module, v);
-    if (qc->source == K3_QSRC_COMPRESSED_TENSORS) {
-        k3_qdecl d = {.scheme = K3_QS_NONE, .group_size = -1};
-        if ((rc = resolve_ct(qc, v, nv, true, &d, err)))
-            return rc;
+    k3_qdecl d = {.scheme = K3_QS_NONE, .group_size = -1};
+    rc = ct ? resolve_ct(qc, v, nv, true, &d, err) : resolve_modelopt(qc, v, nv, true, &d, err);
+    if (!rc)
         *out = d;
-        return K3_OK;
-    }
-    if (qc->source != K3_QSRC_MODELOPT || (layer->scheme == K3_QS_NONE && layer->matched))
-        return K3_OK; /* plain checkpoint, or an excluded layer: its experts inherit it */
-    /* exclusions of the module or of its `experts.N` (the levels above are the layer's) */
-    for (int i = 0; i < nv; i++) {
-        char buf[NAME_MAX_LEN];
-        memcpy(buf, v[i], sizeof buf);
-        for (int level = 0; level < 2; level++) {
-            for (size_t k = 0; k < qc->n_exclude; k++) {
-                bool hit;
-                if (!qc->exclude[k].expert_level)
-                    continue;
-                if ((rc = k3_qpattern_match_checked(&qc->exclude[k], buf, &hit, err)))
-                    return rc;
-                if (hit) {
-                    *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1,
-                                      .matched = qc->exclude[k].text};
-                    return K3_OK;
-                }
-            }
-            char *dot = strrchr(buf, '.');
-            if (!dot)
-                break;
-            *dot = '\0';
-        }
-    }
-    for (int i = 0; i < nv; i++) {
-        const k3_qlayer *l = find_self_or_ancestor(qc, v[i]);
-        if (l) {
-            *out = (k3_qdecl){.group_size = -1};
-            decl_of_layer(l, out);
-            return K3_OK;
-        }
-    }
-    *out = (k3_qdecl){.scheme = K3_QS_NONE, .group_size = -1};
-    if (is_single_format(qc))
-        decl_single(qc, out);
-    return K3_OK;
+    return rc;
 }
 
 /* Two declarations of one layer's experts agree when scheme and algo agree. */
@@ -332,7 +303,7 @@ static int experts_modelopt(const k3_quant_config *qc, int64_t layer, k3_qdecl *
             snprintf(name, sizeof name, "%slayers.%lld.%s", prefixes[p], (long long)layer,
                      suffixes[s]);
             const k3_qpattern *ex;
-            if ((rc = excluded(qc, name, &ex, err)))
+            if ((rc = excluded(qc, name, false, &ex, err)))
                 return rc;
             bool declared = false;
             const k3_qlayer *l = find_self_or_ancestor(qc, name);
@@ -344,7 +315,7 @@ static int experts_modelopt(const k3_quant_config *qc, int64_t layer, k3_qdecl *
                 const k3_qlayer *e = l ? l : &qc->layers[i++];
                 /* an exclusion of a declared name wins, as in k3_quant_resolve */
                 const k3_qpattern *x = ex;
-                if (!l && (rc = excluded(qc, e->name, &x, err)))
+                if (!l && (rc = excluded(qc, e->name, false, &x, err)))
                     return rc;
                 k3_qdecl d = {.scheme = K3_QS_NONE, .group_size = -1};
                 if (x)

@@ -5,16 +5,14 @@ the CPU backend against the reference, and the errors the command must give.
 Bounds: block y relative L2 <= 1e-5 (fp32 between the block's stages); routing ids equal.
 """
 import json
-import os
 import pathlib
-import subprocess
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-BUILD = pathlib.Path(os.environ.get("K3_BUILD", "build"))
-K3 = BUILD / "k3"
+from k3cli import K3, k3
+
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
 
@@ -23,11 +21,6 @@ def e4m3(b):
     e, m = (b >> 3) & 15, b & 7
     v = np.where(e == 0, m * 2.0 ** -9, (1 + m / 8.0) * 2.0 ** (e - 7))
     return np.where(b & 0x80, -v, v)
-
-
-def k3(*args):
-    return subprocess.run([str(K3), *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ, ASAN_OPTIONS="detect_leaks=0"))
 
 
 @pytest.fixture(scope="module")

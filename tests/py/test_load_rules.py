@@ -17,22 +17,16 @@ The checkpoints are the built-in tiny ones rewritten here as one unindexed shard
 import json
 import os
 import pathlib
-import shutil
 import struct
 import subprocess
 
 import numpy as np
 import pytest
 
-BUILD = pathlib.Path(os.environ.get("K3_BUILD", "build"))
-K3 = BUILD / "k3"
+from k3cli import BUILD, K3, k3
+
 P = "language_model.model.layers."
 X = P + "1.block_sparse_moe.experts."
-
-
-def k3(*args):
-    return subprocess.run([str(K3), *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ, ASAN_OPTIONS="detect_leaks=0"))
 
 
 def read_ck(d):

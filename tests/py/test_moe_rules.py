@@ -6,22 +6,14 @@
 - an output that leaves the float32 range (finite but huge inputs) is an error, not inf;
 - unknown, repeated and value-less options and out-of-range layers are named as such."""
 import json
-import os
-import pathlib
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-BUILD = pathlib.Path(os.environ.get("K3_BUILD", "build"))
-K3 = BUILD / "k3"
+from k3cli import K3, k3
 
-
-def k3(*args):
-    return subprocess.run([str(K3), *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ, ASAN_OPTIONS="detect_leaks=0"))
 
 
 @pytest.fixture(scope="module")
