@@ -163,10 +163,10 @@ static int produce(const k3_emit_item *it, const k3_emit_src *src, void **bufs, 
         rc = k3_fp8_block_quantize(v, r, c, bufs[0], bufs[1], err);
     } else if (it->scheme == K3_QS_NVFP4 || it->scheme == K3_QS_NVFP4_CT) {
         float ws2, in = it->no_input_scale ? 0 : src->input_scale(src->ctx, it);
-        if (it->partner) rc = shared_ws2(it, src, v, n, &ws2, err);
-        rc = rc ? rc
-             : it->partner ? k3_nvfp4_quantize_weight_gs(v, r, c, ws2, bufs[0], bufs[1], err)
-                           : k3_nvfp4_quantize_weight(v, r, c, bufs[0], bufs[1], &ws2, err);
+        if (!it->partner)
+            rc = k3_nvfp4_quantize_weight(v, r, c, bufs[0], bufs[1], &ws2, err);
+        else if (!(rc = shared_ws2(it, src, v, n, &ws2, err)))
+            rc = k3_nvfp4_quantize_weight_gs(v, r, c, ws2, bufs[0], bufs[1], err);
         if (it->scheme == K3_QS_NVFP4_CT) ws2 = 1.0f / ws2, in = 1.0f / in;
         memcpy(bufs[2], &ws2, 4);
         if (!it->no_input_scale) memcpy(bufs[3], &in, 4);

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 void k3_model_close(k3_model *m) {
     if (!m) return;
     if (m->layers)
@@ -87,7 +86,6 @@ static k3_dtype tensor_dtype(const k3_model *m, int64_t k) {
     return k3_checkpoint_tensor_info(m->ck, (size_t)k, &ti, NULL) ? K3_DTYPE_INVALID : ti.dtype;
 }
 
-/* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
 /* One expert's own declaration against its layer's (d): k3 runs a layer's experts in one
  * format, so an expert that an exclusion or a missing per-expert entry leaves in another
  * format is an error, not a tensor decoded under its neighbours' declaration. */
@@ -115,6 +113,7 @@ static int expert_agrees(const k3_model *m, const k3_pentry *e, const k3_qdecl *
     return K3_OK;
 }
 
+/* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
 static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error *err) {
     size_t nt = k3_checkpoint_tensor_count(m->ck);
     uint8_t *claimed = calloc(nt ? nt : 1, 1);
@@ -143,7 +142,6 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
         k3_qdecl d;
         rc = e->role == K3_R_EXPERT ? k3_quant_resolve_experts(&m->qc, e->layer, &d, err)
                                     : k3_quant_resolve(&m->qc, e->name, &d, err);
-        if (rc) break;
         if (!rc && e->role == K3_R_EXPERT) rc = expert_agrees(m, e, &d, err);
         if (rc) break;
         le->scheme = d.scheme;

@@ -83,6 +83,19 @@ static void *worker(void *arg) {
     }
 }
 
+/* Registers checkpoint tensor ti as the next view, over data (NULL: headers only). */
+static int put_view(k3_model *m, const k3_tensor_info *ti, const void *data, k3_error *err) {
+    k3_tview *tv = &m->views[m->n_views];
+    *tv = (k3_tview){.name = ti->name, .dtype = ti->dtype, .rank = ti->rank, .data = data,
+                     .nbytes = ti->nbytes};
+    for (int i = 0; i < ti->rank; i++) tv->shape[i] = (int64_t)ti->shape[i];
+    int rc = k3_name_table_put(&m->vt, ti->name, m->n_views++, NULL);
+    if (rc != K3_OK)
+        return k3_fail(err, rc, "%s: %s in the loaded set", ti->name,
+                       rc == K3_ERR_DUPLICATE ? "present twice" : "out of memory");
+    return K3_OK;
+}
+
 int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_error *err) {
     size_t nt = k3_checkpoint_tensor_count(m->ck), nv = 0, nj = 0;
     for (size_t k = 0; k < nt; k++) nv += wanted[k];
@@ -106,12 +119,6 @@ int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_e
         if ((rc = k3_checkpoint_tensor_info(m->ck, k, &ti, err))) break;
         if ((rc = k3_checkpoint_tensor_raw(m->ck, k, &f, &t, err))) break;
         size_t v = m->n_views;
-        k3_tview *tv = &m->views[v];
-        tv->name = ti.name;
-        tv->dtype = ti.dtype;
-        tv->rank = ti.rank;
-        for (int i = 0; i < ti.rank; i++) tv->shape[i] = (int64_t)ti.shape[i];
-        tv->nbytes = ti.nbytes;
         /* 64-byte alignment suits every element type and SIMD loads */
         size_t alloc = (size_t)((ti.nbytes + 63) / 64 * 64);
         if (ti.nbytes > SIZE_MAX - 64 || !(m->bufs[v] = aligned_alloc(64, alloc ? alloc : 64))) {
@@ -119,14 +126,8 @@ int k3_read_tensors(k3_model *m, const bool *wanted, const k3_read_opts *o, k3_e
                          (unsigned long long)ti.nbytes);
             break;
         }
-        tv->data = m->bufs[v];
         P.raw[v] = t, P.files[v] = f;
-        m->n_views++;
-        if ((rc = k3_name_table_put(&m->vt, ti.name, v, NULL)) != K3_OK) {
-            rc = k3_fail(err, rc, "%s: %s in the loaded set", ti.name,
-                         rc == K3_ERR_DUPLICATE ? "present twice" : "out of memory");
-            break;
-        }
+        if ((rc = put_view(m, &ti, m->bufs[v], err))) break;
         for (uint64_t off = 0; off < ti.nbytes; off += K3_READ_CHUNK) {
             if (nj == cap_jobs) {
                 cap_jobs = cap_jobs ? cap_jobs * 2 : 1024;
@@ -180,12 +181,7 @@ int k3_read_headers(k3_model *m, const bool *wanted, k3_error *err) {
         k3_tensor_info ti;
         int rc = k3_checkpoint_tensor_info(m->ck, k, &ti, err);
         if (rc) return rc;
-        k3_tview *tv = &m->views[m->n_views];
-        *tv = (k3_tview){.name = ti.name, .dtype = ti.dtype, .rank = ti.rank, .nbytes = ti.nbytes};
-        for (int i = 0; i < ti.rank; i++) tv->shape[i] = (int64_t)ti.shape[i];
-        if ((rc = k3_name_table_put(&m->vt, ti.name, m->n_views++, NULL)) != K3_OK)
-            return k3_fail(err, rc, "%s: %s in the loaded set", ti.name,
-                           rc == K3_ERR_DUPLICATE ? "present twice" : "out of memory");
+        if ((rc = put_view(m, &ti, NULL, err))) return rc;
     }
     return K3_OK;
 }
