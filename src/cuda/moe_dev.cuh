@@ -68,7 +68,7 @@ struct MoeRun {
     float *part;                   /* [T*k][H] unweighted FC2 output per slot */
     int *sorted_tok, *sorted_slot; /* [T*k] */
     int4 *work;                    /* [wmax] (expert, first position, tokens) */
-    int *ctl;                      /* [0] = positions P, [1] = work items */
+    int *ctl;                      /* [0] = positions P, [1] = work items, [2..3] fused unit queues */
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
     int ksplit;                    /* fused: 2 = two K halves per tile (T*k <= 64), 1 = whole K */
@@ -196,33 +196,44 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
     }
 }
 
-/* ---- the tile loop: one warp, 16 weight rows x (NT * 4 tokens) over all of K ---------- */
+/* ---- the tile loop: one warp, MT x 16 weight rows x (NT * 4 tokens) over all of K ---------- */
 
 /* brow[f]: B row (token or position) of this lane's column in fragment f, -1 if none.
- * Accumulators (NP = 2): acc[f][0..1] = (hi, lo) of row g for token 4f + q, acc[f][2..3] row
- * g + 8; the 8 columns of a fragment are 4 tokens x (hi, lo). NP = 1: a fragment is 8 tokens
- * and acc[f][c] is token 8f + 2q + (c & 1), row g + 8 (c >> 1). */
-template <int FMT, int NT, int NP>
-__device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq,
-                                          int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
-                                          int lane, float acc[NT][4], bool dep_wait = false) {
+ * Accumulators (NP = 2): acc[t * NT + f][0..1] = (hi, lo) of row g of M tile t for token 4f + q,
+ * [2..3] row g + 8; the 8 columns of a fragment are 4 tokens x (hi, lo). NP = 1: a fragment is
+ * 8 tokens and acc[t * NT + f][c] is token 8f + 2q + (c & 1), row g + 8 (c >> 1).
+ * MT = 2: the warp takes two M tiles (wq + wstep, sq + sstep the second) and feeds both from the
+ * same B fragments, halving the B loads per MMA (with NT >= 2 at T = 256 the L1 ran at 94% for
+ * one tile per warp). */
+template <int FMT, int NT, int NP, int MT = 1>
+__device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq, size_t wstep,
+                                          size_t sstep, int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
+                                          int lane, float acc[MT * NT][4], bool dep_wait = false) {
     const int q = lane & 3, part = NP == 2 ? (lane >> 2) & 1 : 0;
 #pragma unroll
-    for (int f = 0; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
+    for (int f = 0; f < MT * NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
     const uint4 *bp[NT];
 #pragma unroll
     for (int f = 0; f < NT; f++)
         bp[f] = brow[f] >= 0 ? bq + (size_t)brow[f] * nk * 32 + part * 16 + q * 4 : nullptr;
 
     /* software pipeline: chunks c + 1 and c + 2 are in flight while c is decoded */
-    uint4 aw0 = make_uint4(0, 0, 0, 0), aw1 = aw0, as = aw0, bw0 = aw0, bw1 = aw0, bs = aw0;
-    if (c0 < c1) load_unit<FMT>(wq, sq, c0, lane, aw0, aw1, as);
-    if (c0 + 1 < c1) load_unit<FMT>(wq, sq, c0 + 1, lane, bw0, bw1, bs);
+    uint4 aw0[MT], aw1[MT], as[MT], bw0[MT], bw1[MT], bs[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        aw0[t] = aw1[t] = as[t] = bw0[t] = bw1[t] = bs[t] = make_uint4(0, 0, 0, 0);
+        if (c0 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c0, lane, aw0[t], aw1[t], as[t]);
+        if (c0 + 1 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c0 + 1, lane, bw0[t], bw1[t], bs[t]);
+    }
     if (dep_wait) pdl_wait();
 #pragma unroll 1
     for (int c = c0; c < c1; c++) {
-        uint4 cw0 = make_uint4(0, 0, 0, 0), cw1 = cw0, cs = cw0;
-        if (c + 2 < c1) load_unit<FMT>(wq, sq, c + 2, lane, cw0, cw1, cs);
+        uint4 cw0[MT], cw1[MT], cs[MT];
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            cw0[t] = cw1[t] = cs[t] = make_uint4(0, 0, 0, 0);
+            if (c + 2 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c + 2, lane, cw0[t], cw1[t], cs[t]);
+        }
         uint4 bb[NT][4];
 #pragma unroll
         for (int f = 0; f < NT; f++) {
@@ -232,17 +243,23 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
         }
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            uint32_t a0, a1, a2, a3;
-            decode_step<FMT>(aw0, aw1, as, s, a0, a1, a2, a3);
 #pragma unroll
-            for (int f = 0; f < NT; f++) {
-                const uint4 &b = bb[f][s >> 1];
-                uint32_t b0 = (s & 1) ? b.z : b.x, b1 = (s & 1) ? b.w : b.y;
-                mma16816(acc[f], a0, a1, a2, a3, b0, b1);
+            for (int t = 0; t < MT; t++) {
+                uint32_t a0, a1, a2, a3;
+                decode_step<FMT>(aw0[t], aw1[t], as[t], s, a0, a1, a2, a3);
+#pragma unroll
+                for (int f = 0; f < NT; f++) {
+                    const uint4 &b = bb[f][s >> 1];
+                    uint32_t b0 = (s & 1) ? b.z : b.x, b1 = (s & 1) ? b.w : b.y;
+                    mma16816(acc[t * NT + f], a0, a1, a2, a3, b0, b1);
+                }
             }
         }
-        aw0 = bw0; aw1 = bw1; as = bs;
-        bw0 = cw0; bw1 = cw1; bs = cs;
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            aw0[t] = bw0[t]; aw1[t] = bw1[t]; as[t] = bs[t];
+            bw0[t] = cw0[t]; bw1[t] = cw1[t]; bs[t] = cs[t];
+        }
     }
 }
 
@@ -423,7 +440,7 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem)
         }
     }
     for (int p = tid; p < P; p += nth) r.hamax[p] = 0u;
-    if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; }
+    if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; r.ctl[2] = 0; r.ctl[3] = 0; }
 }
 
 /* ---- the two GEMM work items and the small stages ---------------------------------------- */
@@ -466,13 +483,14 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
     }
 }
 
-/* Accumulators of 16-row tile mt over k-chunks [c0, c1) for work item wk = (expert, first
- * position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. dep_wait: a
- * programmatic dependent launch whose B rows come from the preceding kernel (pdl_wait after
- * the first weight loads). */
-template <int FMT, int NT, int FC2, int NP>
+/* Accumulators of 16-row tiles mt .. mt + MT - 1 over k-chunks [c0, c1) for work item wk =
+ * (expert, first position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. A
+ * second tile past the last (odd tile counts) re-reads the first; its epilogue is skipped.
+ * dep_wait: a programmatic dependent launch whose B rows come from the preceding kernel
+ * (pdl_wait after the first weight loads). */
+template <int FMT, int NT, int FC2, int NP, int MT = 1>
 __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1, int lane,
-                                         float acc[NT][4], bool dep_wait = false) {
+                                         float acc[MT * NT][4], bool dep_wait = false) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     int brow[NT];
 #pragma unroll
@@ -481,9 +499,10 @@ __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 
         brow[f] = j < n ? (FC2 ? p0 + j : r.sorted_tok[p0 + j]) : -1;
     }
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
-    const size_t tile = (size_t)e * mtiles + mt;
-    gemm_tile<FMT, NT, NP>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB, nk, c0, c1,
-                       FC2 ? r.hq : r.xq, brow, lane, acc, dep_wait);
+    const size_t tile = (size_t)e * mtiles + mt, step = MT > 1 && mt + 1 < mtiles ? 1 : 0;
+    gemm_tile<FMT, NT, NP, MT>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB,
+                               step * nk * 64, step * nk * SB, nk, c0, c1, FC2 ? r.hq : r.xq, brow, lane, acc,
+                               dep_wait);
 }
 
 /* FC1 epilogue: the activation, h and the per-position |h| max. */

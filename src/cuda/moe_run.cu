@@ -101,22 +101,33 @@ __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
     }
 }
 
+/* M tiles per warp of the grouped mma.sync kernels with NT fragments (gemm_tile's MT). */
+#ifndef K3_LAB_MT_MIN_NT
+#define K3_LAB_MT_MIN_NT 99
+#endif
+__host__ __device__ constexpr int fc_mt(int nt) { return nt >= K3_LAB_MT_MIN_NT ? 2 : 1; }
+
 /* tile_mma with as few 8-column fragments as this work item's tokens need (NT is sized for the
  * average expert: under uniform routing at T = 256 about half the items have <= 4 tokens and
  * would otherwise issue a second fragment of zero columns). Unused fragments are zeroed; the
  * epilogues skip their columns (j >= n). */
-template <int FMT, int NT, int FC2, int NP>
+template <int FMT, int NT, int FC2, int NP, int MT>
 __device__ __forceinline__ void tile_mma_fit(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
-                                             int lane, float acc[NT][4]) {
+                                             int lane, float acc[MT * NT][4]) {
     if constexpr (NT >= 2) {
         if (wk.z <= 4 * (3 - NP) * (NT / 2)) { /* the tokens fit half the fragments */
-            tile_mma_fit<FMT, NT / 2, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+            float half[MT * (NT / 2)][4];
+            tile_mma_fit<FMT, NT / 2, FC2, NP, MT>(m, r, wk, mt, c0, c1, lane, half);
 #pragma unroll
-            for (int f = NT / 2; f < NT; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
+            for (int t = 0; t < MT; t++)
+#pragma unroll
+                for (int f = 0; f < NT; f++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[t * NT + f][i] = f < NT / 2 ? half[t * (NT / 2) + f][i] : 0.f;
             return;
         }
     }
-    tile_mma<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc, FC2 == 1);
+    tile_mma<FMT, NT, FC2, NP, MT>(m, r, wk, mt, c0, c1, lane, acc, FC2 == 1);
 }
 
 /* The epilogue of one tile: FC1 applies the activation, FC2 writes unweighted rows. */
@@ -127,23 +138,29 @@ __device__ __forceinline__ void tile_epi(const MoeDev &m, const MoeRun &r, int4 
     else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
 }
 
-/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x 16-row tile
- * groups). Work items are the fast grid dimension, so the CTAs in flight read many experts at
- * once: with the tile groups fast instead (a few experts at a time) the H200 measured T = 1 /
- * 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md v13). */
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x groups of
+ * WARPS * MT 16-row tiles). Work items are the fast grid dimension, so the CTAs in flight read
+ * many experts at once: with the tile groups fast instead (a few experts at a time) the H200
+ * measured T = 1 / 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md
+ * v13). */
 template <int FMT, int ACT, int NT, int FC2, int NP>
 __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
-    __shared__ float red[WARPS][NT * 4][32];
+    constexpr int MT = fc_mt(NT);
+    __shared__ float red[WARPS][MT * NT * 4][32];
     if (!FC2) pdl_wait(); /* FC2 waits after its first weight loads (gemm_tile): prep is done */
-    const int wi = blockIdx.x, mt = blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1)), lane = threadIdx.x & 31;
-    const bool active = wi < r.ctl[1] && mt < (FC2 ? m.m2 : m.m1);
+    const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31;
+    const int wi = blockIdx.x, mt = (blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1))) * MT;
+    const bool active = wi < r.ctl[1] && mt < mtiles;
     int c0, c1;
     ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
-    float acc[NT][4];
+    float acc[MT * NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
-    if (active) tile_mma_fit<FMT, NT, FC2, NP>(m, r, wk, mt, c0, c1, lane, acc);
+    if (active) tile_mma_fit<FMT, NT, FC2, NP, MT>(m, r, wk, mt, c0, c1, lane, acc);
     pdl_launch();
-    if (ksplit_reduce<NT>(acc, active, red)) tile_epi<FMT, ACT, NT, FC2, NP>(m, r, wk, mt, lane, acc);
+    if (ksplit_reduce<MT * NT>(acc, active, red))
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+            if (mt + t < mtiles) tile_epi<FMT, ACT, NT, FC2, NP>(m, r, wk, mt + t, lane, acc + t * NT);
 }
 
 __global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
@@ -189,13 +206,22 @@ __device__ __forceinline__ void fused_stamp(const MoeRun &r, int i) {
  * tiles first: T = 1 156 vs 158 us in two device calls, lab/NOTES.md v13).
  * halves (T*k <= 64): warps 2i and 2i + 1 take the two K halves of one unit, the upper half goes
  * through shared memory and the lower warp adds it (lower + upper, a fixed order): 6144 FC1
- * units over ~4200 warps at T = 1 are 1.45 rounds of whole K, ~2.9 rounds of half K. */
+ * units over ~4200 warps at T = 1 are 1.45 rounds of whole K, ~2.9 rounds of half K.
+ * Units are taken from a queue (one atomicAdd per CTA or warp) rather than assigned statically,
+ * so a CTA that finishes early takes the next unit, as the grouped grids' CTAs are scheduled:
+ * H200, same call, NVFP4 T = 1 / 8 / 64: 144.5 -> 134.5, 833 -> 699, 4056 -> 3729 us. */
 template <int FMT, int ACT, int FC2>
 __device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int W, float (*red)[4][32]) {
-    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, U = W * mtiles;
+    int *queue = r.ctl + 2 + FC2; /* units handed out in order, zeroed by the dispatch */
+    __shared__ int next;
     if (r.ksplit == 2) {
-        for (int b0 = blockIdx.x * (WARPS / 2); b0 < U; b0 += nb * (WARPS / 2)) {
+        for (;;) {
+            if (threadIdx.x == 0) next = atomicAdd(queue, WARPS / 2);
+            __syncthreads();
+            const int b0 = next;
+            if (b0 >= U) break;
             const int it = b0 + (warp >> 1), upper = warp & 1, mt = it / W;
             const bool active = it < U;
             const int4 wk = active ? r.work[it % W] : make_int4(0, 0, 0, 0);
@@ -211,7 +237,10 @@ __device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int
             __syncthreads();
         }
     } else {
-        for (int it = blockIdx.x * WARPS + warp; it < U; it += nb * WARPS) {
+        for (;;) {
+            int it = lane == 0 ? atomicAdd(queue, 1) : 0;
+            it = __shfl_sync(0xffffffffu, it, 0);
+            if (it >= U) break;
             const int4 wk = r.work[it % W];
             float acc[1][4];
             tile_mma<FMT, 1, FC2, 2>(m, r, wk, it / W, 0, nk, lane, acc);
@@ -479,10 +508,10 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
-        const int thr = 32 * WARPS * k_halves(m, S);
+        const int thr = 32 * WARPS * k_halves(m, S), rows = WARPS * fc_mt(nt); /* tiles per CTA */
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(fc1_table[np - 1][m->fmt][nti][ai], dim3(wmax, (fc1_tiles + WARPS - 1) / WARPS), thr, st,
+        } else if (launch_chain(fc1_table[np - 1][m->fmt][nti][ai], dim3(wmax, (fc1_tiles + rows - 1) / rows), thr, st,
                               pdl, d, r, "k_fc<fc1>", err))
             return err->status;
         if (ev) cudaEventRecord(ev[2], st);
@@ -490,7 +519,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[3], st);
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(fc2_table[np - 1][m->fmt][nti], dim3(wmax, (d.m2 + WARPS - 1) / WARPS), thr, st, pdl, d,
+        } else if (launch_chain(fc2_table[np - 1][m->fmt][nti], dim3(wmax, (d.m2 + rows - 1) / rows), thr, st, pdl, d,
                               r, "k_fc<fc2>", err))
             return err->status;
         if (ev) cudaEventRecord(ev[4], st);
