@@ -217,13 +217,17 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
     for (int f = 0; f < NT; f++)
         bp[f] = brow[f] >= 0 ? bq + (size_t)brow[f] * nk * 32 + part * 16 + q * 4 : nullptr;
 
-    /* software pipeline: chunks c + 1 and c + 2 are in flight while c is decoded */
+    /* software pipeline: chunks c + 1 .. c + D are in flight while c is decoded */
+#ifndef K3_LAB_MT_DIST
+#define K3_LAB_MT_DIST 2
+#endif
+    constexpr int D = MT > 1 ? K3_LAB_MT_DIST : 2;
     uint4 aw0[MT], aw1[MT], as[MT], bw0[MT], bw1[MT], bs[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) {
         aw0[t] = aw1[t] = as[t] = bw0[t] = bw1[t] = bs[t] = make_uint4(0, 0, 0, 0);
         if (c0 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c0, lane, aw0[t], aw1[t], as[t]);
-        if (c0 + 1 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c0 + 1, lane, bw0[t], bw1[t], bs[t]);
+        if (D == 2 && c0 + 1 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c0 + 1, lane, bw0[t], bw1[t], bs[t]);
     }
     if (dep_wait) pdl_wait();
 #pragma unroll 1
@@ -232,7 +236,7 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
 #pragma unroll
         for (int t = 0; t < MT; t++) {
             cw0[t] = cw1[t] = cs[t] = make_uint4(0, 0, 0, 0);
-            if (c + 2 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c + 2, lane, cw0[t], cw1[t], cs[t]);
+            if (c + D < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c + D, lane, cw0[t], cw1[t], cs[t]);
         }
         uint4 bb[NT][4];
 #pragma unroll
@@ -257,8 +261,12 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
         }
 #pragma unroll
         for (int t = 0; t < MT; t++) {
-            aw0[t] = bw0[t]; aw1[t] = bw1[t]; as[t] = bs[t];
-            bw0[t] = cw0[t]; bw1[t] = cw1[t]; bs[t] = cs[t];
+            if (D == 2) {
+                aw0[t] = bw0[t]; aw1[t] = bw1[t]; as[t] = bs[t];
+                bw0[t] = cw0[t]; bw1[t] = cw1[t]; bs[t] = cs[t];
+            } else {
+                aw0[t] = cw0[t]; aw1[t] = cw1[t]; as[t] = cs[t];
+            }
         }
     }
 }
