@@ -71,7 +71,6 @@ struct MoeRun {
     int *ctl;                      /* [0] = positions P, [1] = work items, [2..3] fused unit queues */
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
-    int ksplit;                    /* fused: 2 = two K halves per tile (T*k <= 64), 1 = whole K */
     unsigned long long *stamps;    /* fused, benchmark only (else NULL): block 0's %globaltimer at
                                       the start, after each grid barrier and at its end [6] */
 };
@@ -202,9 +201,9 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
  * Accumulators (NP = 2): acc[t * NT + f][0..1] = (hi, lo) of row g of M tile t for token 4f + q,
  * [2..3] row g + 8; the 8 columns of a fragment are 4 tokens x (hi, lo). NP = 1: a fragment is
  * 8 tokens and acc[t * NT + f][c] is token 8f + 2q + (c & 1), row g + 8 (c >> 1).
- * MT = 2: the warp takes two M tiles (wq + wstep, sq + sstep the second) and feeds both from the
- * same B fragments, halving the B loads per MMA (with NT >= 2 at T = 256 the L1 ran at 94% for
- * one tile per warp). */
+ * MT = 2: the warp takes two M tiles (tile t at wq + t wstep, sq + t sstep) and feeds both from the
+ * same B fragments, halving the B loads per MMA and the instructions around them (one tile per
+ * warp ran the L1 at 94% at T = 256; the grouped kernels' A/B is in lab/NOTES.md v14). */
 template <int FMT, int NT, int NP, int MT = 1>
 __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq, size_t wstep,
                                           size_t sstep, int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
@@ -217,11 +216,10 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
     for (int f = 0; f < NT; f++)
         bp[f] = brow[f] >= 0 ? bq + (size_t)brow[f] * nk * 32 + part * 16 + q * 4 : nullptr;
 
-    /* software pipeline: chunks c + 1 .. c + D are in flight while c is decoded */
-#ifndef K3_LAB_MT_DIST
-#define K3_LAB_MT_DIST 2
-#endif
-    constexpr int D = MT > 1 ? K3_LAB_MT_DIST : 2;
+    /* software pipeline: chunks c + 1 .. c + D are in flight while c is decoded; with two
+     * tiles one chunk ahead per tile (the same bytes in flight as two ahead for one tile, at
+     * 90 registers instead of 132 for NT = 2: 5 CTAs per SM instead of 3) */
+    constexpr int D = MT > 1 ? 1 : 2;
     uint4 aw0[MT], aw1[MT], as[MT], bw0[MT], bw1[MT], bs[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) {
@@ -492,8 +490,10 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
 }
 
 /* Accumulators of 16-row tiles mt .. mt + MT - 1 over k-chunks [c0, c1) for work item wk =
- * (expert, first position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows. A
- * second tile past the last (odd tile counts) re-reads the first; its epilogue is skipped.
+ * (expert, first position, tokens): FC1 reads the tokens' x rows, FC2 the positions' h rows.
+ * MT is 1 or 2. An expert's tile count (m1, m2) is a multiple of 8 (H and I are multiples of
+ * 128), so a pair never runs past it; the step guard stays because with it nvcc 13.0 compiles the
+ * NT = 1 kernel to 72 registers, with a constant stride to 80 (H200: T = 8 567 vs 584 us).
  * dep_wait: a programmatic dependent launch whose B rows come from the preceding kernel
  * (pdl_wait after the first weight loads). */
 template <int FMT, int NT, int FC2, int NP, int MT = 1>
@@ -509,8 +509,8 @@ __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     const size_t tile = (size_t)e * mtiles + mt, step = MT > 1 && mt + 1 < mtiles ? 1 : 0;
     gemm_tile<FMT, NT, NP, MT>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB,
-                               step * nk * 64, step * nk * SB, nk, c0, c1, FC2 ? r.hq : r.xq, brow, lane, acc,
-                               dep_wait);
+                               step * nk * 64, step * nk * SB, nk, c0, c1, FC2 ? r.hq : r.xq, brow,
+                               lane, acc, dep_wait);
 }
 
 /* FC1 epilogue: the activation, h and the per-position |h| max. */

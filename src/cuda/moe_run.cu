@@ -4,8 +4,9 @@
  * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
- *   fc1       grid (work items x 16-row tiles / 4 warps): swap-AB mma.sync, the weight rows in
- *             the MMA M slot, tokens in N; activation in the epilogue, h = fp32 [P, I];
+ *   fc1       grid (work items x 16-row tiles / 8: 4 warps of two tiles each): swap-AB mma.sync,
+ *             the weight rows in the MMA M slot, tokens in N; activation in the epilogue,
+ *             h = fp32 [P, I];
  *   hconv     h rows into the B layout (the row scale needs the whole row's |h| max);
  *   fc2       the same tile loop over w2, unweighted rows per (token, slot);
  *   finalize  y[t] = sum over local slots in slot order of w * row: deterministic.
@@ -14,8 +15,8 @@
  * Fused (decode): the same stages in one cooperative persistent kernel with four grid
  * barriers; T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
  * Kernel specializations: format x activation x tokens-per-tile x fp16 terms per activation
- * (grouped: two in w4a16, one in w4a16-bf16 and w4a4) and format x activation (fused, two
- * terms); per-expert activation parameters are runtime values. Split-K is not
+ * (grouped: two in w4a16, one in w4a16-bf16 and w4a4) and format x activation x K split (fused,
+ * two terms); per-expert activation parameters are runtime values. Split-K is not
  * used across CTAs; for T*k <= 64 the two K halves of a tile run in one CTA (ksplit_reduce,
  * and fused_gemm's halves), and the mma.sync tiles issue only the 8-column fragments an
  * item's tokens fill (tile_mma_fit). */
@@ -101,11 +102,10 @@ __device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
     }
 }
 
-/* M tiles per warp of the grouped mma.sync kernels with NT fragments (gemm_tile's MT). */
-#ifndef K3_LAB_MT_MIN_NT
-#define K3_LAB_MT_MIN_NT 99
-#endif
-__host__ __device__ constexpr int fc_mt(int nt) { return nt >= K3_LAB_MT_MIN_NT ? 2 : 1; }
+/* M tiles per warp of the grouped mma.sync kernels (gemm_tile's MT): two, sharing the B
+ * fragments. H200, NVFP4 w4a16, same call, one tile -> two: T = 8 617 -> 568 us, 64 3306 ->
+ * 2951, 256 6753 -> 5712; w4a16-bf16 T = 256 5245 -> 4438 (lab/NOTES.md v14). */
+#define FC_MT 2
 
 /* tile_mma with as few 8-column fragments as this work item's tokens need (NT is sized for the
  * average expert: under uniform routing at T = 256 about half the items have <= 4 tokens and
@@ -145,7 +145,7 @@ __device__ __forceinline__ void tile_epi(const MoeDev &m, const MoeRun &r, int4 
  * v13). */
 template <int FMT, int ACT, int NT, int FC2, int NP>
 __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
-    constexpr int MT = fc_mt(NT);
+    constexpr int MT = FC_MT;
     __shared__ float red[WARPS][MT * NT * 4][32];
     if (!FC2) pdl_wait(); /* FC2 waits after its first weight loads (gemm_tile): prep is done */
     const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31;
@@ -210,13 +210,18 @@ __device__ __forceinline__ void fused_stamp(const MoeRun &r, int i) {
  * Units are taken from a queue (one atomicAdd per CTA or warp) rather than assigned statically,
  * so a CTA that finishes early takes the next unit, as the grouped grids' CTAs are scheduled:
  * H200, same call, NVFP4 T = 1 / 8 / 64: 144.5 -> 134.5, 833 -> 699, 4056 -> 3729 us. */
-template <int FMT, int ACT, int FC2>
+/* M tiles per warp of the fused whole-K units (the halves keep one: their kernel is capped at 64
+ * registers). H200, same call, one -> two: NVFP4 T = 64 3627 -> 3340 us, MXFP4 3455 -> 3139,
+ * T = 8 level (lab/NOTES.md v14). */
+#define FUSED_MT 2
+template <int FMT, int ACT, int FC2, int KS>
 __device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int W, float (*red)[4][32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, U = W * mtiles;
+    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     int *queue = r.ctl + 2 + FC2; /* units handed out in order, zeroed by the dispatch */
     __shared__ int next;
-    if (r.ksplit == 2) {
+    if (KS == 2) {
+        const int U = W * mtiles;
         for (;;) {
             if (threadIdx.x == 0) next = atomicAdd(queue, WARPS / 2);
             __syncthreads();
@@ -237,23 +242,29 @@ __device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int
             __syncthreads();
         }
     } else {
+        constexpr int MT = FUSED_MT;
+        const int U = W * ((mtiles + MT - 1) / MT);
         for (;;) {
             int it = lane == 0 ? atomicAdd(queue, 1) : 0;
             it = __shfl_sync(0xffffffffu, it, 0);
             if (it >= U) break;
             const int4 wk = r.work[it % W];
-            float acc[1][4];
-            tile_mma<FMT, 1, FC2, 2>(m, r, wk, it / W, 0, nk, lane, acc);
-            tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, it / W, lane, acc);
+            const int mt = it / W * MT;
+            float acc[MT][4];
+            tile_mma<FMT, 1, FC2, 2, MT>(m, r, wk, mt, 0, nk, lane, acc);
+#pragma unroll
+            for (int t = 0; t < MT; t++)
+                if (mt + t < mtiles) tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, mt + t, lane, acc + t);
         }
     }
 }
 
 /* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. It reads both
  * fp16 terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so
- * that its instantiations stay format x activation. */
-template <int FMT, int ACT>
-__global__ void __launch_bounds__(128, 8) k_fused(MoeDev m, MoeRun r) {
+ * that its instantiations stay format x activation x K split. Only the halves kernel (T*k <=
+ * 64) is capped at 64 registers for 8 CTAs per SM; the whole-K one keeps its own loop. */
+template <int FMT, int ACT, int KS>
+__global__ void __launch_bounds__(128, KS == 2 ? 8 : 1) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
     const int nb = gridDim.x;
     const unsigned long long base = r.bar_base;
@@ -265,13 +276,13 @@ __global__ void __launch_bounds__(128, 8) k_fused(MoeDev m, MoeRun r) {
     fused_stamp(r, 1);
     const int W = *(volatile int *)(r.ctl + 1), P = *(volatile int *)r.ctl;
     __shared__ float red[WARPS / 2][4][32];
-    fused_gemm<FMT, ACT, 0>(m, r, W, red);
+    fused_gemm<FMT, ACT, 0, KS>(m, r, W, red);
     grid_sync(r.bar, base + 2ull * nb);
     fused_stamp(r, 2);
     for (int p = blockIdx.x; p < P; p += nb) hconv_row(m, r, p, threadIdx.x, blockDim.x);
     grid_sync(r.bar, base + 3ull * nb);
     fused_stamp(r, 3);
-    fused_gemm<FMT, ACT, 1>(m, r, W, red);
+    fused_gemm<FMT, ACT, 1, KS>(m, r, W, red);
     grid_sync(r.bar, base + 4ull * nb);
     fused_stamp(r, 4);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < r.T * m.H; i += nb * blockDim.x)
@@ -289,7 +300,7 @@ typedef void (*kern_t)(MoeDev, MoeRun);
         X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
 #define FC1K2(F, A, N) (kern_t)k_fc<F, A, N, 0, 2>
 #define FC1K1(F, A, N) (kern_t)k_fc<F, A, N, 0, 1>
-#define FUSK(F, A, N) (kern_t)k_fused<F, A>
+#define FUSK(F, A, N) (kern_t)k_fused<F, A, N>
 
 /* [terms - 1][fmt][nt index][act - 1] */
 static const kern_t fc1_table[2][2][3][9] = {
@@ -305,7 +316,9 @@ static const kern_t fc2_table[2][2][3] = {
     {{FC2K(FMT_NV, 1, 2), FC2K(FMT_NV, 2, 2), FC2K(FMT_NV, 4, 2)},
      {FC2K(FMT_MX, 1, 2), FC2K(FMT_MX, 2, 2), FC2K(FMT_MX, 4, 2)}},
 };
-static const kern_t fused_table[2][9] = {{ACTS(FUSK, FMT_NV, 0)}, {ACTS(FUSK, FMT_MX, 0)}};
+/* [K split - 1][fmt][act - 1] */
+static const kern_t fused_table[2][2][9] = {{{ACTS(FUSK, FMT_NV, 1)}, {ACTS(FUSK, FMT_MX, 1)}},
+                                           {{ACTS(FUSK, FMT_NV, 2)}, {ACTS(FUSK, FMT_MX, 2)}}};
 
 /* ---- host side ------------------------------------------------------------------------------- */
 
@@ -508,7 +521,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
-        const int thr = 32 * WARPS * k_halves(m, S), rows = WARPS * fc_mt(nt); /* tiles per CTA */
+        const int thr = 32 * WARPS * k_halves(m, S), rows = WARPS * FC_MT; /* tiles per CTA */
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
         } else if (launch_chain(fc1_table[np - 1][m->fmt][nti][ai], dim3(wmax, (fc1_tiles + rows - 1) / rows), thr, st,
@@ -529,21 +542,21 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[5], st);
         return K3_OK;
     }
-    kern_t kf = fused_table[m->fmt][ai];
+    const int ks = k_halves(m, T * k);
+    kern_t kf = fused_table[ks - 1][m->fmt][ai];
     int sm = dispatch_smem(m);
-    if (!m->fused_grid) { /* every block must be co-resident: the grid barrier waits for all */
+    if (!m->fused_grid[ks - 1]) { /* every block must be co-resident: the grid barrier waits for all */
         int per_sm = 0, nsm = 0;
         K3_CUDA_TRY(err, cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
         K3_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kf, 128, sm));
         K3_CUDA_TRY(err, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, m->device));
-        m->fused_grid = per_sm * nsm;
+        m->fused_grid[ks - 1] = per_sm * nsm;
     }
-    int grid = m->fused_grid;
+    int grid = m->fused_grid[ks - 1];
     if (grid < 2)
         return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: only %d co-resident blocks fit on the device, the fused kernel needs 2",
                        grid);
     r.bar_base = m->bar_epoch;
-    r.ksplit = k_halves(m, T * k);
     r.stamps = m->fused_stamps ? fused_stamps_at(r) : NULL;
     void *args[2] = {(void *)&d, (void *)&r};
     cudaError_t ce = cudaLaunchCooperativeKernel((const void *)kf, dim3(grid), dim3(128), args, (size_t)sm, st);

@@ -29,7 +29,7 @@ struct k3_cuda_moe {
     int fused_stamps; /* the fused kernel writes its phase stamps (MoeRun.stamps) into the workspace */
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;
-    int fused_grid;
+    int fused_grid[2]; /* [K split - 1] */
     int wg_ok; /* the binary has the sm_90a wgmma kernels and the device runs them (moe_wg_probe) */
 };
 
