@@ -4,10 +4,12 @@
  * and 16 tokens were built and measured: 42-50% of the copy bandwidth at T = 8..256, below
  * the mma.sync tiles' 57-82%, so the decode sizes stay on mma.sync.)
  *
- * One CTA = two warpgroups = 8 warps = 128 weight rows (one 16-row tile per warp) x TN tokens
- * of one expert's work item, over all of K in 64-k stages. Every byte arrives by cp.async
- * into a ring of shared-memory stages, so no load in flight occupies registers. Per 16-k
- * step each warp decodes its fragment once (from shared memory) and issues one wgmma
+ * One CTA = two warpgroups = 8 warps = 8 x MT 16-row tiles of weight rows (MT = 2 at TN = 32,
+ * else 1) x TN tokens of one expert's work item, over all of K in 64-k stages. Every byte
+ * arrives by cp.async into a ring of shared-memory stages, so no load in flight occupies
+ * registers. Per 16-k step each warp decodes its fragment once (from shared memory) into
+ * that step's slot of a four-step register ring, while the three steps before it are still
+ * in the tensor cores, and issues per tile one wgmma
  * m64nTNk16 on the hi terms and, in w4a16 (NP = 2), one on the lo terms into the same fp32
  * accumulators (hi + lo summed by the tensor core: the exact w4a16 contract of moe_dev.cuh);
  * w4a16-bf16 and w4a4 carry one term (NP = 1): half the MMAs and half the activation bytes
@@ -31,26 +33,29 @@ extern "C" {
 
 #define WG_THREADS 256
 
-/* Ring depth per tile width and terms: stage s computes while s + 1 .. s + STAGES - 2 load and
- * s - 1 may still be in the tensor cores (two CTAs per SM: <= 86 KB each, 111 KB for the
- * two-term 128-token tile). */
-__host__ __device__ constexpr int wg_stages(int tn, int np) {
-    return np == 2 ? (tn == 32 ? 6 : tn == 64 ? 4 : 3) : (tn == 32 ? 8 : tn == 64 ? 6 : 4);
+/* 16-row tiles per warp: at TN = 32, MT = 2 decodes two tiles per stage against the same
+ * activation stage (half the fills, barriers and B reads per weight row; 32 accumulators and
+ * 32 A registers per thread stay under 128). At TN = 64 two tiles spill (lab/NOTES.md v15). */
+__host__ __device__ constexpr int wg_mt(int tn) { return tn == 32 ? 2 : 1; }
+
+/* Ring depth: as many stages as fit in 114 KB (two CTAs per SM), at most 8; stage s computes
+ * while s + 1 .. s + STAGES - 2 load and s - 1 may still be in the tensor cores. */
+__host__ __device__ constexpr int wg_stages(int tn, int np, int mt) {
+    return 116736 / wg_stage_bytes(tn, np, mt) < 8 ? 116736 / wg_stage_bytes(tn, np, mt) : 8;
 }
-/* 128-token tiles hold 64 accumulators per thread: one A buffer (decode waits for the previous
- * stage's MMAs) keeps them at two CTAs per SM under 128 registers. */
-__host__ __device__ constexpr bool wg_one_abuf(int tn) { return tn == 128; }
-__host__ __device__ constexpr int wg_smem_bytes(int tn, int np) { return wg_stages(tn, np) * wg_stage_bytes(tn, np); }
+__host__ __device__ constexpr int wg_smem_bytes(int tn, int np, int mt) {
+    return wg_stages(tn, np, mt) * wg_stage_bytes(tn, np, mt);
+}
 
 /* Issues the copies of stage s (k0 = 64 s) into buffer buf: this thread's share of the B rows
  * (two threads per row take alternate 16-byte pieces: one 32-byte sector per pair) and, per
- * warp, its tile's half unit of codes and the unit's scales. */
-template <int FMT, int TN, int NP>
+ * warp, its tiles' half units of codes and the units' scales. */
+template <int FMT, int TN, int NP, int MT>
 __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __half *src, int K, int nf, int pair,
-                                        int gq0, bool have_row, const uint8_t *wunit, const uint8_t *sunit, int warp,
-                                        int lane) {
+                                        int gq0, bool have_row, const uint8_t *const wunit[MT],
+                                        const uint8_t *const sunit[MT], int warp, int lane) {
     constexpr int STEP = 128 / TN, SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    const uint32_t st = sbase + buf * wg_stage_bytes(TN, NP);
+    const uint32_t st = sbase + buf * wg_stage_bytes(TN, NP, MT);
     const uint32_t b = st + (nf >> 3) * 1024 + (nf & 7) * 16;
 #pragma unroll
     for (int gq = 0; gq < 4 * NP; gq += STEP) { /* q >> 2 = part: 0 hi, 1 lo */
@@ -60,65 +65,89 @@ __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __
                    have_row ? 16 : 0);
     }
     const int c = s >> 1, h = s & 1;
-    const uint32_t wd = st + NP * wg_part_bytes(TN) + warp * WG_WBYTES;
-    cp_async16(wd + lane * 16, wunit + (size_t)c * UNIT_W + h * 512 + lane * 16, 16);
-    if (lane < SBY / 16) cp_async16(wd + 512 + lane * 16, sunit + (size_t)c * SBY + lane * 16, 16);
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        const uint32_t wd = st + NP * wg_part_bytes(TN) + (warp * MT + t) * WG_WBYTES;
+        cp_async16(wd + lane * 16, wunit[t] + (size_t)c * UNIT_W + h * 512 + lane * 16, 16);
+        if (lane < SBY / 16) cp_async16(wd + 512 + lane * 16, sunit[t] + (size_t)c * SBY + lane * 16, 16);
+    }
 }
 
-/* One 64-k stage. On entry the MMAs of stage s - 1 may still run; on exit those of s may. */
-template <int FMT, int TN, int NP>
-__device__ __forceinline__ void wg_stage(int s, int h, int nst, uint32_t sbase, float acc[TN / 2], uint32_t a[4][4],
+/* One 16-k step KS of half H: once the previous stage's step KS has left the tensor cores
+ * (its group is the fourth newest), this warp's A fragments of step KS are rewritten and the
+ * step's products issued as one more group; so three steps stay in flight while one decodes. */
+template <int FMT, int TN, int NP, int MT, int H, int KS>
+__device__ __forceinline__ void wg_step(float acc[MT][TN / 2], uint32_t a[MT][4][4], const uint4 w[MT],
+                                        const uint4 sc[MT], uint64_t d0) {
+    wg_wait<3>();
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+        decode_step<FMT>(w[t], w[t], sc[t], 4 * H + KS, a[t][KS][0], a[t][KS][1], a[t][KS][2], a[t][KS][3]);
+    wg_fence();
+#pragma unroll
+    for (int t = 0; t < MT; t++) wg_mma_step<TN, NP, KS>(acc[t], a[t][KS], d0);
+    wg_commit();
+}
+
+/* One 64-k stage s (half H of unit s / 2). */
+template <int FMT, int TN, int NP, int MT, int H>
+__device__ __forceinline__ void wg_stage(int s, int nst, uint32_t sbase, float acc[MT][TN / 2], uint32_t a[MT][4][4],
                                          const __half *src, int K, int nf, int pair, int gq0, bool have_row,
-                                         const uint8_t *wunit, const uint8_t *sunit, int warp, int lane) {
-    constexpr int ST = wg_stages(TN, NP), AHEAD = ST - 2;
+                                         const uint8_t *const wunit[MT], const uint8_t *const sunit[MT], int warp,
+                                         int lane) {
+    constexpr int ST = wg_stages(TN, NP, MT), AHEAD = ST - 2;
     cp_async_wait<AHEAD - 1>();
     fence_async_smem();
     __syncthreads(); /* stage s landed for all; every warp's stage s - 2 MMAs are done */
     if (s + AHEAD < nst)
-        wg_fill<FMT, TN, NP>(sbase, (s + AHEAD) % ST, s + AHEAD, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_fill<FMT, TN, NP, MT>(sbase, (s + AHEAD) % ST, s + AHEAD, src, K, nf, pair, gq0, have_row, wunit, sunit,
+                                 warp, lane);
     cp_async_commit();
     const int buf = s % ST;
-    if (wg_one_abuf(TN)) wg_wait0(); /* the one A buffer is read by stage s - 1's MMAs */
-    wg_decode<FMT, TN, NP>(sbase, buf, h, warp, lane, a); /* two buffers: stage s - 2's, done */
-    const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN, NP), 128, 1024);
-    wg_fence();
-    wg_mma_stage<TN, NP>(acc, a, d0);
-    wg_commit();
-    if (!wg_one_abuf(TN)) wg_wait1();
+    uint4 w[MT], sc[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) wg_words<FMT, TN, NP, MT>(sbase, buf, warp, lane, t, w[t], sc[t]);
+    const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN, NP, MT), 128, 1024);
+    wg_step<FMT, TN, NP, MT, H, 0>(acc, a, w, sc, d0);
+    wg_step<FMT, TN, NP, MT, H, 1>(acc, a, w, sc, d0);
+    wg_step<FMT, TN, NP, MT, H, 2>(acc, a, w, sc, d0);
+    wg_step<FMT, TN, NP, MT, H, 3>(acc, a, w, sc, d0);
 }
 
-/* All of K for one work item: accumulators of this warp's 16 rows x TN tokens. */
-template <int FMT, int TN, int NP>
-__device__ __forceinline__ void wg_mainloop(float acc[TN / 2], const uint8_t *wunit, const uint8_t *sunit, int nk,
-                                            uint32_t sbase, const __half *src, int K, int nf, int pair, int gq0,
-                                            bool have_row, int warp, int lane) {
-    constexpr int AHEAD = wg_stages(TN, NP) - 2;
+/* All of K for one work item: accumulators of this warp's MT tiles of 16 rows x TN tokens. */
+template <int FMT, int TN, int NP, int MT>
+__device__ __forceinline__ void wg_mainloop(float acc[MT][TN / 2], const uint8_t *const wunit[MT],
+                                            const uint8_t *const sunit[MT], int nk, uint32_t sbase, const __half *src,
+                                            int K, int nf, int pair, int gq0, bool have_row, int warp, int lane) {
+    constexpr int AHEAD = wg_stages(TN, NP, MT) - 2;
     const int nst = 2 * nk;
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) {
-        if (s < nst) wg_fill<FMT, TN, NP>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        if (s < nst) wg_fill<FMT, TN, NP, MT>(sbase, s, s, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
         cp_async_commit();
     }
 #pragma unroll
-    for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
-    uint32_t a0[4][4], a1[4][4];
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int i = 0; i < TN / 2; i++) acc[t][i] = 0.f;
+    uint32_t a[MT][4][4];
 #pragma unroll 1
-    for (int s = 0; s < nst; s += 2) { /* nst is even: the two A buffers alternate */
-        wg_stage<FMT, TN, NP>(s, 0, nst, sbase, acc, a0, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
-        wg_stage<FMT, TN, NP>(s + 1, 1, nst, sbase, acc, wg_one_abuf(TN) ? a0 : a1, src, K, nf, pair, gq0, have_row,
-                              wunit, sunit, warp, lane);
+    for (int s = 0; s < nst; s += 2) { /* nst is even: the unit's two halves */
+        wg_stage<FMT, TN, NP, MT, 0>(s, nst, sbase, acc, a, src, K, nf, pair, gq0, have_row, wunit, sunit, warp, lane);
+        wg_stage<FMT, TN, NP, MT, 1>(s + 1, nst, sbase, acc, a, src, K, nf, pair, gq0, have_row, wunit, sunit, warp,
+                                     lane);
     }
-    wg_wait0();
+    wg_wait<0>();
 }
 
 template <int FMT, int ACT, int TN, int FC2, int NP>
 __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
+    constexpr int MT = wg_mt(TN);
     extern __shared__ __align__(1024) uint8_t wsm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int W = r.ctl[1];
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, K = FC2 ? m.I : m.H;
-    const int mt = blockIdx.x * 8 + warp;
-    const bool rows_ok = mt < mtiles;
+    const int mt0 = (blockIdx.x * 8 + warp) * MT;
     const int SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     const uint32_t sbase = smem_u32(wsm);
     const int pair = tid & 1, nf = (tid >> 1) % TN, gq0 = (tid >> 1) / TN;
@@ -126,19 +155,23 @@ __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
     for (int wi = blockIdx.y; wi < W; wi += gridDim.y) {
         const int4 wk = r.work[wi];
         const int e = wk.x, p0 = wk.y, n = wk.z;
-        const size_t tile = (size_t)e * mtiles + (rows_ok ? mt : mtiles - 1);
-        const uint8_t *wunit = (const uint8_t *)((FC2 ? m.w2 : m.w1) + tile * nk * 64);
-        const uint8_t *sunit = (FC2 ? m.s2 : m.s1) + tile * nk * SB;
+        const uint8_t *wunit[MT], *sunit[MT];
+#pragma unroll
+        for (int t = 0; t < MT; t++) { /* tiles past the end load the last one and store nothing */
+            const size_t tile = (size_t)e * mtiles + (mt0 + t < mtiles ? mt0 + t : mtiles - 1);
+            wunit[t] = (const uint8_t *)((FC2 ? m.w2 : m.w1) + tile * nk * 64);
+            sunit[t] = (FC2 ? m.s2 : m.s1) + tile * nk * SB;
+        }
         const bool have_row = nf < n;
         const int row = have_row ? (FC2 ? p0 + nf : r.sorted_tok[p0 + nf]) : 0;
         const __half *src = plain + (size_t)row * 2 * K;
-        float acc[TN / 2];
-        wg_mainloop<FMT, TN, NP>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
+        float acc[MT][TN / 2];
+        wg_mainloop<FMT, TN, NP, MT>(acc, wunit, sunit, nk, sbase, src, K, nf, pair, gq0, have_row, warp, lane);
         cp_async_wait<0>();
         __syncthreads(); /* the next item's prologue reuses the buffers */
-        if (!rows_ok) continue;
-
-        wg_epilogue<FMT, ACT, TN, FC2>(m, r, e, p0, n, mt, g, q, acc);
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+            if (mt0 + t < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, e, p0, n, mt0 + t, g, q, acc[t]);
     }
 }
 
@@ -188,5 +221,7 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wg_fc2_table[pi][m->fmt][ti] : wg_fc1_table[pi][m->fmt][ti][(int)m->act - 1];
-    return wg_launch(k, tiles, wmax, WG_THREADS, wg_smem_bytes(tn, r.np), st, d, r, fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
+    const int mt = wg_mt(tn);
+    return wg_launch(k, tiles, 8 * mt, wmax, WG_THREADS, wg_smem_bytes(tn, r.np, mt), st, d, r,
+                     fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
 }

@@ -427,16 +427,19 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k, int np) {
 #define WG_MIN_TOKENS_PER_EXPERT 12
 
 /* Above it, the tile width with the least work: ceil(tokens / width) items per expert times an
- * item's cost relative to a 32-token item, from the T = 8192 runs (w4a16: 72.3 / 65.3 / 67.5 ms
- * over 5 / 3 / 2 items per expert; w4a16-bf16: 51.0 / 42.9 / 40.2 ms). The model reproduces the
- * measured choice at T = 1024, 2048, 4096 and 8192 in both modes (at T = 4096, ~73 tokens per
- * expert, 64-token tiles pad to two items: 128 wins by 1.3x; at T = 2048 one 64-token item). */
+ * item's cost relative to a 32-token item. The 32-token kernels run two 16-row M tiles per warp
+ * (moe_prefill.cu), which makes their items the cheapest per token. Fitted to the H200 runs
+ * (NVFP4, K3 layer, ms for 32 / 64 / 128-token tiles at T = 1024, 2048, 4096, 8192):
+ * w4a16 10.3 16.2 25.8 | 19.1 20.5 27.2 | 32.2 38.8 33.8 | 58.5 68.4 68.2;
+ * w4a16-bf16 7.9 12.0 16.5 | 13.5 13.6 17.2 | 22.1 26.3 20.6 | 40.0 44.2 41.2.
+ * The model picks the measured best at every T but w4a16-bf16 T = 2048 (64 instead of 32,
+ * 0.7% slower). */
 static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
     if (!m->wg_ok || m->force_wg < 0) return 0;
     if (m->force_wg > 0) return m->force_wg; /* tokens per tile */
     double per = tokens_per_expert(m, T, k);
     if (per < WG_MIN_TOKENS_PER_EXPERT) return 0;
-    static const double item_cost[2][3] = {{1.0, 1.40, 1.97}, {1.0, 1.50, 2.33}}; /* [terms - 1][32, 64, 128] */
+    static const double item_cost[2][3] = {{1.0, 1.93, 2.7}, {1.0, 2.1, 3.1}}; /* [terms - 1][32, 64, 128] */
     int best = 32;
     double best_cost = 1e30;
     for (int i = 0; i < 3; i++) {

@@ -33,14 +33,11 @@ __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wg_wait1() {
+/* Waits until at most N of this warpgroup's committed wgmma groups are still running. */
+template <int N>
+__device__ __forceinline__ void wg_wait() {
 #if K3_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_wait0() {
-#if K3_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 #endif
 }
 

@@ -40,9 +40,9 @@ __global__ void __launch_bounds__(256, 1) k_peak(int batches, float *sink) {
 #pragma unroll
         for (int i = 0; i < PEAK_BATCH; i++) wgmma_bf16_n128(d, da, db);
         wg_commit();
-        wg_wait1();
+        wg_wait<1>();
     }
-    wg_wait0();
+    wg_wait<0>();
     float s = 0.f;
     for (int i = 0; i < 64; i++) s += d[i];
     if (s == 12345.f) *sink = s; /* keeps the work observable; never true for these inputs */
