@@ -115,6 +115,8 @@ typedef struct k3_cuda_bench_opts {
                             fused); 0 = automatic */
     int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
+    int cta_warps;       /* lab sweeps: 1, 2, 4 or 8 warps per K part in the grouped mma.sync CTAs (8
+                            only with one K part: an error at T*k <= 64 unless k_splits = 1); 0 = automatic */
 } k3_cuda_bench_opts;
 
 typedef struct k3_cuda_bench_result {

@@ -89,6 +89,11 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32, 64 or 128)", o->wgmma);
     }
     b->m.force_wg = o->wgmma;
+    if (o->cta_warps != 0 && o->cta_warps != 1 && o->cta_warps != 2 && o->cta_warps != 4 && o->cta_warps != 8) {
+        free(b);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: cta_warps %d (expected 0, 1, 2, 4 or 8)", o->cta_warps);
+    }
+    b->m.force_wpc = o->cta_warps;
     const int mx = o->fmt == K3_WFMT_MXFP4;
     if (k3_cuda_moe_alloc(&b->m, o->n_experts, 0, o->n_experts, o->hidden, o->inter, mx ? FMT_MX : FMT_NV, o->act, true,
                           err)) {

@@ -57,6 +57,7 @@ struct MoeDev {
 struct MoeRun {
     int T, k, mode, tn;            /* tn: tokens per work item (4 * NT * (3 - np) on mma.sync) */
     int np;                        /* fp16 terms per activation the GEMMs read: 2 (hi, lo) or 1 */
+    int ks;                        /* grouped mma.sync: K halves per tile (1 or 2, one CTA) */
     const float *x;                /* [T][H] */
     const int32_t *ids;            /* [T][k] */
     const float *rw;               /* [T][k] */
@@ -89,6 +90,11 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldg_stream2(const uint2 *p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
 
@@ -190,7 +196,7 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
     if (FMT == FMT_NV) {
         s = ldg_stream((const uint4 *)(sq + (size_t)c * UNIT_S_NV + (lane >> 2) * 16));
     } else {
-        uint2 t = __ldg((const uint2 *)(sq + (size_t)c * UNIT_S_MX + (lane >> 2) * 8));
+        const uint2 t = ldg_stream2((const uint2 *)(sq + (size_t)c * UNIT_S_MX + (lane >> 2) * 8));
         s = make_uint4(t.x, t.y, 0, 0);
     }
 }

@@ -67,39 +67,30 @@ __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
 }
 
-/* In-CTA split-K for small T: with blockDim = 2 * 32 * WARPS the warps w and w + WARPS take the
- * two halves of K of the same tile; the upper half's accumulators go through shared memory and are
- * added in a fixed order (lower + upper), so the result does not depend on timing. At T = 1
- * this turns 1.3 waves of whole-K tiles into ~3 waves of half-K tiles. */
+/* In-CTA split-K for small T: with r.ks = 2 the warps w and w + wpc (wpc = warps per K half)
+ * take the two halves of K of the same tile; the upper half's accumulators go through shared
+ * memory and are added in a fixed order (lower + upper), so the result does not depend on
+ * timing. At T = 1 this turns 1.3 waves of whole-K tiles into ~3 waves of half-K tiles. */
 template <int NT>
-__device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, float (*red)[NT * 4][32]) {
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (blockDim.x == 2 * 32 * WARPS) {
-        if (w >= WARPS && active)
+__device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, float (*red)[NT * 4][32], int ks) {
+    /* recomputed from the special registers rather than held through the tile loop */
+    const int lane = threadIdx.x & 31, wpc = (blockDim.x >> 5) >> (ks - 1), wl = (threadIdx.x >> 5) & (wpc - 1),
+              upper = (threadIdx.x >> 5) >= wpc;
+    if (ks == 2) {
+        if (upper && active)
 #pragma unroll
             for (int f = 0; f < NT; f++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) red[w - WARPS][f * 4 + i][lane] = acc[f][i];
+                for (int i = 0; i < 4; i++) red[wl][f * 4 + i][lane] = acc[f][i];
         __syncthreads();
-        if (w >= WARPS) return false;
+        if (upper) return false;
         if (active)
 #pragma unroll
             for (int f = 0; f < NT; f++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[f][i] += red[w][f * 4 + i][lane];
+                for (int i = 0; i < 4; i++) acc[f][i] += red[wl][f * 4 + i][lane];
     }
     return active;
-}
-
-__device__ __forceinline__ void ksplit_range(int nk, int *c0, int *c1) {
-    const int w = threadIdx.x >> 5;
-    if (blockDim.x == 2 * 32 * WARPS) {
-        *c0 = w < WARPS ? 0 : nk / 2;
-        *c1 = w < WARPS ? nk / 2 : nk;
-    } else {
-        *c0 = 0;
-        *c1 = nk;
-    }
 }
 
 /* M tiles per warp of the grouped mma.sync kernels (gemm_tile's MT): two, sharing the B
@@ -138,9 +129,9 @@ __device__ __forceinline__ void tile_epi(const MoeDev &m, const MoeRun &r, int4 
     else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
 }
 
-/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x groups of
- * WARPS * MT 16-row tiles). Work items are the fast grid dimension, so the CTAs in flight read
- * many experts at once: with the tile groups fast instead (a few experts at a time) the H200
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x groups of wpc * MT
+ * 16-row tiles; wpc = warps per K part, fc_wpc). Work items are the fast grid dimension, so the
+ * CTAs in flight read many experts at once: with the tile groups fast instead (a few experts at a time) the H200
  * measured T = 1 / 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md
  * v13). */
 template <int FMT, int ACT, int NT, int FC2, int NP>
@@ -148,16 +139,16 @@ __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     constexpr int MT = FC_MT;
     __shared__ float red[WARPS][MT * NT * 4][32];
     if (!FC2) pdl_wait(); /* FC2 waits after its first weight loads (gemm_tile): prep is done */
-    const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31;
-    const int wi = blockIdx.x, mt = (blockIdx.y * WARPS + ((threadIdx.x >> 5) & (WARPS - 1))) * MT;
+    const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31, nk = FC2 ? m.nk2 : m.nk1;
+    const int wpc = (blockDim.x >> 5) >> (r.ks - 1), upper = (threadIdx.x >> 5) >= wpc;
+    const int wi = blockIdx.x, mt = (blockIdx.y * wpc + ((threadIdx.x >> 5) & (wpc - 1))) * MT;
     const bool active = wi < r.ctl[1] && mt < mtiles;
-    int c0, c1;
-    ksplit_range(FC2 ? m.nk2 : m.nk1, &c0, &c1);
+    const int c0 = upper ? nk / 2 : 0, c1 = r.ks == 1 || upper ? nk : nk / 2;
     float acc[MT * NT][4];
     int4 wk = active ? r.work[wi] : make_int4(0, 0, 0, 0);
     if (active) tile_mma_fit<FMT, NT, FC2, NP, MT>(m, r, wk, mt, c0, c1, lane, acc);
     pdl_launch();
-    if (ksplit_reduce<MT * NT>(acc, active, red))
+    if (ksplit_reduce<MT * NT>(acc, active, red, r.ks))
 #pragma unroll
         for (int t = 0; t < MT; t++)
             if (mt + t < mtiles) tile_epi<FMT, ACT, NT, FC2, NP>(m, r, wk, mt + t, lane, acc + t * NT);
@@ -468,6 +459,20 @@ static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int p
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, what, __FILE__, __LINE__);
 }
 
+/* Warps per K part of a grouped mma.sync CTA: 4 with whole K (8 tiles share the B rows through
+ * L1), 2 with K halves (T*k <= 64: more, smaller CTAs fill the last wave; at T = 1 the FC2 grid
+ * of 4-warp CTAs is 448 CTAs over 396 slots). H200, NVFP4 w4a16, same call, 4 -> 2 warps:
+ * T = 1 108.4 -> 101.9 us (FC2 40.0 -> 30.1), T = 2 182.4 -> 174.0, T = 4 317.0 -> 306.2; with
+ * whole K (T >= 8) 2 and 8 were slower than 4 for NVFP4 (T = 8 569 / 578 / 591, T = 64 2794 /
+ * 2857 / 2867, 4 / 2 / 8 warps). */
+static int fc_wpc(const k3_cuda_moe *m, int ks, int *wpc, k3_error *err) {
+    *wpc = m->force_wpc ? m->force_wpc : ks == 2 ? 2 : 4;
+    if (*wpc * ks > 2 * WARPS)
+        return k3_fail(err, K3_ERR_ARG, "cuda: %d warps per K part with %d K parts exceed the %d-thread CTA", *wpc, ks,
+                       64 * WARPS);
+    return K3_OK;
+}
+
 /* K halves per mma.sync tile (grouped k_fc and fused): two when the tiles alone would not fill
  * the device (decode, T*k <= 64), else whole K; the benchmark's k_splits overrides. */
 static int k_halves(const k3_cuda_moe *m, int S) { return m->force_ks ? m->force_ks : S <= 64 ? 2 : 1; }
@@ -519,25 +524,32 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
          * its outputs are read; fc2 first issues its first weight loads): T = 1 112.7 -> 109.1 us,
          * T = 8 / 64 1-2% on the H200; the stage breakdown's events serialize them anyway */
         const int pdl = !ev;
+        const int ks = k_halves(m, S);
+        int wpc = 4;
+        if (fc_wpc(m, ks, &wpc, err)) return err->status;
+        const int rows = wpc * FC_MT; /* tiles per CTA */
+        r.ks = ks;
         if (ev) cudaEventRecord(ev[0], st);
         k_prep<<<nblk, 256, sm, st>>>(d, r);
         if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
-        const int thr = 32 * WARPS * k_halves(m, S), rows = WARPS * FC_MT; /* tiles per CTA */
+        const kern_t kf1 = fc1_table[np - 1][m->fmt][nti][ai], kf2 = fc2_table[np - 1][m->fmt][nti];
         if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(fc1_table[np - 1][m->fmt][nti][ai], dim3(wmax, (fc1_tiles + rows - 1) / rows), thr, st,
-                              pdl, d, r, "k_fc<fc1>", err))
+        } else if (launch_chain(kf1, dim3(wmax, (fc1_tiles + rows - 1) / rows), 32 * wpc * ks, st, pdl, d, r,
+                                "k_fc<fc1>", err)) {
             return err->status;
+        }
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_chain(k_hconv, dim3(S), 128, st, pdl, d, r, "k_hconv", err)) return err->status;
         if (ev) cudaEventRecord(ev[3], st);
         if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(fc2_table[np - 1][m->fmt][nti], dim3(wmax, (d.m2 + rows - 1) / rows), thr, st, pdl, d,
-                              r, "k_fc<fc2>", err))
+        } else if (launch_chain(kf2, dim3(wmax, (d.m2 + rows - 1) / rows), 32 * wpc * ks, st, pdl, d, r,
+                                "k_fc<fc2>", err)) {
             return err->status;
+        }
         if (ev) cudaEventRecord(ev[4], st);
         if (launch_chain(k_finalize, dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, st, pdl, d, r, "k_finalize",
                          err))

@@ -24,6 +24,7 @@ struct k3_cuda_moe {
      * non-NULL, 6 events recorded around the five grouped launches for a stage breakdown */
     int force_nt;
     int force_ks; /* 1 or 2 K halves per tile in the mma.sync FC kernels and the fused kernel; 0 = automatic */
+    int force_wpc; /* grouped mma.sync warps per K part: 1, 2, 4 or 8 (8: one K part only); 0 = fc_wpc's rule */
     int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
     cudaEvent_t *stage_ev;
     int fused_stamps; /* the fused kernel writes its phase stamps (MoeRun.stamps) into the workspace */
