@@ -40,8 +40,9 @@ __host__ __device__ constexpr int wg_mt(int tn) { return tn == 32 ? 2 : 1; }
 
 /* Ring depth: as many stages as fit in 114 KB (two CTAs per SM), at most 8; stage s computes
  * while s + 1 .. s + STAGES - 2 load and s - 1 may still be in the tensor cores. */
+#define WG_SMEM_BUDGET (114 * 1024)
 __host__ __device__ constexpr int wg_stages(int tn, int np, int mt) {
-    return 116736 / wg_stage_bytes(tn, np, mt) < 8 ? 116736 / wg_stage_bytes(tn, np, mt) : 8;
+    return WG_SMEM_BUDGET / wg_stage_bytes(tn, np, mt) < 8 ? WG_SMEM_BUDGET / wg_stage_bytes(tn, np, mt) : 8;
 }
 __host__ __device__ constexpr int wg_smem_bytes(int tn, int np, int mt) {
     return wg_stages(tn, np, mt) * wg_stage_bytes(tn, np, mt);

@@ -71,10 +71,14 @@ __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
  * take the two halves of K of the same tile; the upper half's accumulators go through shared
  * memory and are added in a fixed order (lower + upper), so the result does not depend on
  * timing. At T = 1 this turns 1.3 waves of whole-K tiles into ~3 waves of half-K tiles. */
+/* Warps per K part of this CTA (a power of two); shifts and masks only, and derived from the
+ * special registers wherever needed rather than held through the tile loop (a division there
+ * cost up to 18 registers). */
+__device__ __forceinline__ int kpart_warps(int ks) { return (int)(blockDim.x >> 5) >> (ks - 1); }
+
 template <int NT>
 __device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, float (*red)[NT * 4][32], int ks) {
-    /* recomputed from the special registers rather than held through the tile loop */
-    const int lane = threadIdx.x & 31, wpc = (blockDim.x >> 5) >> (ks - 1), wl = (threadIdx.x >> 5) & (wpc - 1),
+    const int lane = threadIdx.x & 31, wpc = kpart_warps(ks), wl = (threadIdx.x >> 5) & (wpc - 1),
               upper = (threadIdx.x >> 5) >= wpc;
     if (ks == 2) {
         if (upper && active)
@@ -140,7 +144,7 @@ __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     __shared__ float red[WARPS][MT * NT * 4][32];
     if (!FC2) pdl_wait(); /* FC2 waits after its first weight loads (gemm_tile): prep is done */
     const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31, nk = FC2 ? m.nk2 : m.nk1;
-    const int wpc = (blockDim.x >> 5) >> (r.ks - 1), upper = (threadIdx.x >> 5) >= wpc;
+    const int wpc = kpart_warps(r.ks), upper = (threadIdx.x >> 5) >= wpc;
     const int wi = blockIdx.x, mt = (blockIdx.y * wpc + ((threadIdx.x >> 5) & (wpc - 1))) * MT;
     const bool active = wi < r.ctl[1] && mt < mtiles;
     const int c0 = upper ? nk / 2 : 0, c1 = r.ks == 1 || upper ? nk : nk / 2;
