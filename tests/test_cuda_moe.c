@@ -310,7 +310,8 @@ static void test_w4a16_bf16(void **s) {
     }
 }
 
-/* The sm_90a wgmma GEMM paths pinned (32, 64 and 128 tokens per tile), against the reference:
+/* The sm_90a wgmma GEMM paths pinned (k_wg: 32, 64 and 128 tokens per tile; the warp-specialized
+ * k_wgp: 48 and 80, items split evenly), against the reference:
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4 and
  * w4a16-bf16 (one term);
  * T from one token to several tiles per expert, all tokens on one expert (items split at the
@@ -342,7 +343,9 @@ static void test_wgmma_path(void **s) {
             assert_int_equal(rc, K3_OK);
             /* modes: w4a16 (fp32 and bf16-valued x), w4a16-bf16, w4a4 (NVFP4 only) */
             static const k3_act_mode modes[] = {K3_MODE_W4A16, K3_MODE_W4A16, K3_MODE_W4A16_BF16, K3_MODE_W4A4};
-            for (int tn = 32; tn <= 128; tn *= 2) {
+            static const int widths[] = {32, 48, 64, 80, 128};
+            for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+                const int tn = widths[wi];
                 assert_int_equal(k3_cuda_moe_set_gemm_path(cm, tn, &err), K3_OK);
                 for (int mi = 0; mi < (f ? 3 : 4); mi++)
                     for (int i = 0; i < 4; i++) {

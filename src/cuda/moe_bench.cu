@@ -89,6 +89,11 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32, 64 or 128)", o->wgmma);
     }
     b->m.force_wg = o->wgmma;
+    if (o->wgp != 0 && !moe_wp_width_ok(o->wgp)) {
+        free(b);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgp %d (expected 0, 48, 80 or 128)", o->wgp);
+    }
+    b->m.force_wp = o->wgp;
     if (o->cta_warps != 0 && o->cta_warps != 1 && o->cta_warps != 2 && o->cta_warps != 4 && o->cta_warps != 8) {
         free(b);
         return k3_fail(err, K3_ERR_ARG, "cuda bench: cta_warps %d (expected 0, 1, 2, 4 or 8)", o->cta_warps);
@@ -100,10 +105,10 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         k3_cuda_bench_close(b);
         return err->status;
     }
-    if (o->wgmma > 0 && !b->m.wg_ok) {
+    if ((o->wgmma > 0 || o->wgp > 0) && !b->m.wg_ok) {
         k3_cuda_bench_close(b);
-        return k3_fail(err, K3_ERR_UNSUPPORTED, "cuda bench: wgmma %d asked, but this binary or device has no sm_90a kernels",
-                       o->wgmma);
+        return k3_fail(err, K3_ERR_UNSUPPORTED, "cuda bench: wgmma %d / wgp %d asked, but this binary or device has no sm_90a kernels",
+                       o->wgmma, o->wgp);
     }
     MoeDev *d = &b->m.d;
     const int SB = mx ? UNIT_S_MX : UNIT_S_NV;

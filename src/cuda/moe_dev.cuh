@@ -58,6 +58,8 @@ struct MoeRun {
     int T, k, mode, tn;            /* tn: tokens per work item (4 * NT * (3 - np) on mma.sync) */
     int np;                        /* fp16 terms per activation the GEMMs read: 2 (hi, lo) or 1 */
     int ks;                        /* grouped mma.sync: K halves per tile (1 or 2, one CTA) */
+    int split;                     /* dispatch: an expert's tokens in ceil(n / tn) items of near-equal size
+                                      (else items of tn and one remainder) */
     const float *x;                /* [T][H] */
     const int32_t *ids;            /* [T][k] */
     const float *rw;               /* [T][k] */
@@ -439,8 +441,14 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem)
     for (int e = tid; e < nl; e += nth) {
         int c = (e + 1 < nl ? off[e + 1] : P) - off[e];
         cur[e] = off[e];
-        for (int t = 0; t * r.tn < c; t++)
-            r.work[wof[e] + t] = make_int4(e, off[e] + t * r.tn, min(r.tn, c - t * r.tn), 0);
+        if (r.split) { /* ceil(c / tn) items of near-equal size (a tile's width is fixed per launch) */
+            const int parts = (c + r.tn - 1) / r.tn, base = parts ? c / parts : 0, rem = c - base * parts;
+            for (int t = 0; t < parts; t++)
+                r.work[wof[e] + t] = make_int4(e, off[e] + t * base + min(t, rem), base + (t < rem), 0);
+        } else {
+            for (int t = 0; t * r.tn < c; t++)
+                r.work[wof[e] + t] = make_int4(e, off[e] + t * r.tn, min(r.tn, c - t * r.tn), 0);
+        }
     }
     __syncthreads();
     for (int s = tid; s < S; s += nth) {

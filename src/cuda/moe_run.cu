@@ -351,11 +351,13 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
-    if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128))
-        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 64 or 128", path);
+    const int wp = path == 48 || path == 80;
+    if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128 && !wp))
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 48, 64, 80 or 128", path);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
-    m->force_wg = path;
+    m->force_wg = wp ? 0 : path;
+    m->force_wp = wp ? path : 0;
     return K3_OK;
 }
 
@@ -445,6 +447,14 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
     return best;
 }
 
+/* The warp-specialized wgmma tiles (moe_prefill_ws.cu): only where pinned (benchmark hook
+ * force_wp or k3_cuda_moe_set_gemm_path 48 / 80) until measured. */
+static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
+    (void)T, (void)k, (void)np;
+    if (!m->wg_ok) return 0;
+    return m->force_wp;
+}
+
 /* A grouped-chain launch; with pdl the kernel may start before its predecessor ends (it calls
  * pdl_wait before reading what the predecessor writes). */
 static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int pdl, const MoeDev &d, const MoeRun &r,
@@ -497,10 +507,11 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     cudaStream_t st = (cudaStream_t)stream;
     /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
     const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
-    const int wg = b == K3_CUDA_GROUPED ? pick_wg(m, T, k, np) : 0;
+    const int wp = b == K3_CUDA_GROUPED ? pick_wp(m, T, k, np) : 0;
+    const int wg = b == K3_CUDA_GROUPED && !wp ? pick_wg(m, T, k, np) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
-    const int tn = wg ? wg : 4 * nt * (3 - np);
+    const int tn = wp ? wp : wg ? wg : 4 * nt * (3 - np);
     if (ensure_ws(m, T, k, tn, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;
@@ -511,7 +522,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     r.ids = d_ids;
     r.rw = d_w;
     r.y = d_y;
-    r.plain = wg != 0;
+    r.plain = wg != 0 || wp != 0;
+    r.split = wp != 0;
     r.np = np;
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
@@ -539,7 +551,9 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
         const kern_t kf1 = fc1_table[np - 1][m->fmt][nti][ai], kf2 = fc2_table[np - 1][m->fmt][nti];
-        if (wg) {
+        if (wp) {
+            if (moe_wp_launch(m, d, r, 0, wp, st, err)) return err->status;
+        } else if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
         } else if (launch_chain(kf1, dim3(wmax, (fc1_tiles + rows - 1) / rows), 32 * wpc * ks, st, pdl, d, r,
                                 "k_fc<fc1>", err)) {
@@ -548,7 +562,9 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         if (ev) cudaEventRecord(ev[2], st);
         if (launch_chain(k_hconv, dim3(S), 128, st, pdl, d, r, "k_hconv", err)) return err->status;
         if (ev) cudaEventRecord(ev[3], st);
-        if (wg) {
+        if (wp) {
+            if (moe_wp_launch(m, d, r, 1, wp, st, err)) return err->status;
+        } else if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
         } else if (launch_chain(kf2, dim3(wmax, (d.m2 + rows - 1) / rows), 32 * wpc * ks, st, pdl, d, r,
                                 "k_fc<fc2>", err)) {

@@ -26,12 +26,14 @@ struct k3_cuda_moe {
     int force_ks; /* 1 or 2 K halves per tile in the mma.sync FC kernels and the fused kernel; 0 = automatic */
     int force_wpc; /* grouped mma.sync warps per K part: 1, 2, 4 or 8 (8: one K part only); 0 = fc_wpc's rule */
     int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
+    int force_wp; /* warp-specialized wgmma path (moe_prefill_ws.cu): 0 = not forced, else its tile width */
     cudaEvent_t *stage_ev;
     int fused_stamps; /* the fused kernel writes its phase stamps (MoeRun.stamps) into the workspace */
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
     int prep_attr_set;
     int fused_grid[2]; /* [K split - 1] */
     int wg_ok; /* the binary has the sm_90a wgmma kernels and the device runs them (moe_wg_probe) */
+    int n_sm;  /* multiprocessors of the device: the persistent grids' size */
 };
 
 /* Bytes of one expert in kernel layout (weights + scales), the bytes a kernel streams. */
@@ -49,5 +51,12 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
 int moe_wg_probe(int *ok, k3_error *err);
 int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax,
                   cudaStream_t st, k3_error *err);
+
+/* The warp-specialized sm_90a GEMMs (moe_prefill_ws.cu): the same FC1 / FC2 contract over work
+ * items of at most tn tokens split evenly (MoeRun.split), one persistent CTA per SM.
+ * moe_wp_width_ok: whether tn is one of its tile widths (48, 80, 128). */
+int moe_wp_width_ok(int tn);
+int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
+                  k3_error *err);
 
 #endif

@@ -5,7 +5,7 @@
  * Usage: cuda_moe_bench [--fmt nvfp4|mxfp4|both] [--backend cuda|cuda-fused|both]
  *                       [--T 1,8,64,256] [--reps 20] [--experts 896 --hidden 3584 --inter 3072 --topk 16]
  *                       [--mode w4a16|w4a16-bf16|w4a4]
- *                       [--tokens-per-tile 0|4|8|16 (w4a16) or 0|8|16|32] [--k-splits 0|1|2] [--wgmma -1|0|32|64|128]
+ *                       [--tokens-per-tile 0|4|8|16 (w4a16) or 0|8|16|32] [--k-splits 0|1|2] [--wgmma -1|0|32|64|128] [--wgp 0|48|80|128]
  *                       [--cta-warps 0|1|2|4|8]
  * Every row adds the stage breakdown (prep, fc1, hconv, fc2, finalize) of one extra run
  * (grouped: events between the launches; fused: the kernel's own phase stamps); the last
@@ -31,7 +31,7 @@ static int parse_list(const char *s, int *out, int max) {
 
 int main(int argc, char **argv) {
     const char *fmts = "both", *backends = "both";
-    int Ts[32] = {1, 8, 64, 256, 2048}, nT = 5, reps = 20, E = 896, H = 3584, I = 3072, k = 16, tpt = 0, ks = 0, wgm = 0, cw = 0;
+    int Ts[32] = {1, 8, 64, 256, 2048}, nT = 5, reps = 20, E = 896, H = 3584, I = 3072, k = 16, tpt = 0, ks = 0, wgm = 0, wgp = 0, cw = 0;
     k3_act_mode mode = K3_MODE_W4A16;
     k3_error err = {0};
     for (int i = 1; i < argc; i++) {
@@ -48,6 +48,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tokens-per-tile")) tpt = atoi(v);
         else if (!strcmp(a, "--k-splits")) ks = atoi(v);
         else if (!strcmp(a, "--wgmma")) wgm = atoi(v);
+        else if (!strcmp(a, "--wgp")) wgp = atoi(v);
         else if (!strcmp(a, "--cta-warps")) cw = atoi(v);
         else if (!strcmp(a, "--mode")) { if (k3_act_mode_from_name(v, &mode, &err)) { fprintf(stderr, "cuda_moe_bench: %s\n", err.msg); return 2; } }
         else { fprintf(stderr, "cuda_moe_bench: unknown option %s\n", a); return 2; }
@@ -78,7 +79,7 @@ int main(int argc, char **argv) {
         k3_cuda_bench_opts o = {.n_experts = E, .hidden = H, .inter = I, .top_k = k,
                                 .fmt = f ? K3_WFMT_MXFP4 : K3_WFMT_NVFP4, .act = K3_ACT_SITU,
                                 .mode = mode, .warmup = 3, .reps = reps, .seed = 0,
-                                .tokens_per_tile = tpt, .k_splits = ks, .wgmma = wgm, .cta_warps = cw};
+                                .tokens_per_tile = tpt, .k_splits = ks, .wgmma = wgm, .wgp = wgp, .cta_warps = cw};
         k3_cuda_bench *b = NULL;
         if (k3_cuda_bench_open(&o, &b, &err)) { fprintf(stderr, "cuda_moe_bench: %s\n", err.msg); return 1; }
         for (int be = 0; be < 2; be++) {

@@ -1,0 +1,251 @@
+/* The grouped backend's warp-specialized wgmma GEMMs for prefill batches (tens to hundreds of
+ * tokens per expert): the contract, decode, stage layout and epilogues of moe_prefill.cu, with
+ * bigger tiles and the copies moved off the math warps.
+ *
+ * Why: the k_wg tiles (128 or 256 weight rows x 32..128 tokens) move 0.017-0.02 bytes from L2
+ * into the SM per issued tensor-core multiply-add in w4a16 (two fp16 terms per activation:
+ * 4 bytes per element), so at ~30% of the tensor peak they already pull ~3 TB/s out of L2, and
+ * every 64-k stage ends in a CTA barrier of all their warps. Here one CTA per SM covers 256
+ * weight rows x TN tokens (0.01 bytes per multiply-add at TN = 128) and no barrier of the whole
+ * CTA sits in the main loop.
+ *
+ * 384 threads: warpgroup 0 produces (cp.async of the stage's token rows and the 16 tiles' half
+ * units of codes and scales into a ring of shared-memory stages; each thread's copies signal the
+ * stage's full barrier when they land: cp.async.mbarrier.arrive.noinc), warpgroups 1 and 2
+ * consume (each warp decodes two 16-row tiles, one per 64-row M tile of its warpgroup, into a
+ * four-step register ring as in k_wg, and issues per 16-k step and M tile one wgmma
+ * m64nTNk16 per fp16 term into the same fp32 accumulators). A consumer warp hands a stage back
+ * (empty barrier, 8 arrivals) once the wgmma that read it have retired. The producer gives up
+ * registers (setmaxnreg) so the consumers hold 2 x TN / 2 accumulators plus the ring.
+ * Persistent: one CTA per SM walks the (work item, 256-row block) jobs with the row blocks of
+ * an item adjacent, so the CTAs in flight share the item's token rows in L2 and the items of one
+ * expert (split evenly, MoeRun.split) read its weights while they are still in L2.
+ * A wait that never completes traps (mbar_wait) instead of hanging. */
+#include "cuda/cuda_check.cuh"
+#include "cuda/moe_prefill.cuh"
+#include "cuda/moe_state.cuh"
+#include "cuda/moe_wgmma.cuh"
+
+extern "C" {
+#include "base/base.h"
+#include "moe/activation.h"
+}
+
+#define WP_THREADS 384
+#define WP_TILES 16 /* 16-row weight tiles per CTA: 2 consumer warpgroups x 2 M tiles x 4 warps */
+#define WP_SMEM_BUDGET (224 * 1024)
+#define WP_REGS_PRODUCER 56 /* 56 x 128 + 224 x 256 fit the 64 K registers of the SM */
+#define WP_REGS_CONSUMER 224
+
+__host__ __device__ constexpr int wp_stage_bytes(int tn, int np) { return np * wg_part_bytes(tn) + WP_TILES * WG_WBYTES; }
+__host__ __device__ constexpr int wp_stages(int tn, int np) {
+    return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < 8 ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : 8;
+}
+__host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stages(tn, np) * wp_stage_bytes(tn, np); }
+
+/* The producer's copies of stage s of job (e, rows rb * 16 ..): its token rows (two threads per
+ * row, alternate 16-byte pieces: one 32-byte sector per pair; rows past the item's tokens are
+ * not copied, their columns are never stored) and its share of the 16 tiles' pieces (32 code
+ * pieces of half unit s & 1 and the unit's scale pieces per tile). */
+template <int FMT, int TN, int NP, int FC2>
+__device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[2], const int nrow,
+                                        int e, int rb, int tid) {
+    constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX, PPT = 32 + SBY / 16;
+    const int K = FC2 ? m.I : m.H, pair = tid & 1;
+#pragma unroll
+    for (int rr = 0; rr < (TN + 63) / 64; rr++) {
+        const int row = (tid >> 1) + 64 * rr;
+        if (row < nrow) {
+            const uint32_t b = st + (row >> 3) * 1024 + (row & 7) * 16;
+#pragma unroll
+            for (int p = 0; p < NP; p++)
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++) {
+                    const int kg = 2 * gi + pair;
+                    cp_async16(b + p * wg_part_bytes(TN) + kg * 128, src[rr] + p * K + s * WG_KS + kg * 8, 16);
+                }
+        }
+    }
+    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, c = s >> 1, h = s & 1;
+    const uint32_t wd = st + NP * wg_part_bytes(TN);
+#pragma unroll 1
+    for (int j = 0; j < (WP_TILES * PPT + WP_THREADS / 3 - 1) / (WP_THREADS / 3); j++) {
+        const int i = tid + j * (WP_THREADS / 3);
+        if (i < WP_TILES * PPT) {
+            const int ti = i / PPT, idx = i - ti * PPT, mt = rb * WP_TILES + ti;
+            const size_t unit = ((size_t)e * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk + c;
+            if (idx < 32)
+                cp_async16(wd + ti * WG_WBYTES + idx * 16,
+                           (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit * UNIT_W + h * 512 + idx * 16, 16);
+            else
+                cp_async16(wd + ti * WG_WBYTES + 512 + (idx - 32) * 16, (FC2 ? m.s2 : m.s1) + unit * SBY + (idx - 32) * 16,
+                           16);
+        }
+    }
+}
+
+/* One consumer 16-k step KS of half H (as k_wg's wg_step, two M tiles): once this warp's
+ * fourth-newest group has retired, its ring slot KS is rewritten and the step issued. After
+ * the wait of step 3 the previous stage has left the tensor cores: its slot goes back. */
+template <int FMT, int TN, int NP, int H, int KS>
+__device__ __forceinline__ void wp_step(float acc[2][TN / 2], uint32_t a[2][4][4], const uint4 w[2], const uint4 sc[2],
+                                        uint64_t d0, uint32_t release) {
+    wg_wait<3>();
+    if (KS == 3 && release) mbar_arrive(release);
+#pragma unroll
+    for (int t = 0; t < 2; t++)
+        decode_step<FMT>(w[t], w[t], sc[t], 4 * H + KS, a[t][KS][0], a[t][KS][1], a[t][KS][2], a[t][KS][3]);
+    wg_fence();
+#pragma unroll
+    for (int t = 0; t < 2; t++) wg_mma_step<TN, NP, KS>(acc[t], a[t][KS], d0);
+    wg_commit();
+}
+
+/* One consumer stage: global stage g (in slot g % ST), half H of unit s / 2; first: the first
+ * stage of a job (no previous stage to hand back). */
+template <int FMT, int TN, int NP, int H>
+__device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase, uint32_t full, uint32_t empty, int ti0,
+                                          int lane, float acc[2][TN / 2], uint32_t a[2][4][4]) {
+    constexpr int ST = wp_stages(TN, NP);
+    const uint32_t b = g % ST, st = sbase + b * wp_stage_bytes(TN, NP);
+    mbar_wait(full + 8 * b, (g / ST) & 1);
+    fence_async_smem(); /* the producer's cp.async writes, now visible here, to the tensor cores */
+    uint4 w[2], sc[2];
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+        const uint32_t wd = st + NP * wg_part_bytes(TN) + (ti0 + 4 * t) * WG_WBYTES;
+        w[t] = lds128(wd + lane * 16);
+        if (FMT == FMT_NV) {
+            sc[t] = lds128(wd + 512 + (lane >> 2) * 16);
+        } else {
+            const uint2 v = lds64(wd + 512 + (lane >> 2) * 8);
+            sc[t] = make_uint4(v.x, v.y, 0, 0);
+        }
+    }
+    const uint64_t d0 = wg_desc(st, 128, 1024);
+    const uint32_t release = !first && lane == 0 ? empty + 8 * ((g + ST - 1) % ST) : 0u;
+    wp_step<FMT, TN, NP, H, 0>(acc, a, w, sc, d0, 0u);
+    wp_step<FMT, TN, NP, H, 1>(acc, a, w, sc, d0, 0u);
+    wp_step<FMT, TN, NP, H, 2>(acc, a, w, sc, d0, 0u);
+    wp_step<FMT, TN, NP, H, 3>(acc, a, w, sc, d0, release);
+}
+
+template <int FMT, int ACT, int TN, int FC2, int NP>
+__global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
+    constexpr int ST = wp_stages(TN, NP);
+    extern __shared__ __align__(1024) uint8_t wsm[];
+    __shared__ __align__(8) uint64_t bars[16];
+    const int tid = threadIdx.x, lane = tid & 31;
+    const uint32_t sbase = smem_u32(wsm), full = smem_u32(bars), empty = full + 8 * 8;
+    if (tid == 0) {
+        for (int b = 0; b < ST; b++) {
+            mbar_init(full + 8 * b, WP_THREADS / 3);
+            mbar_init(empty + 8 * b, 8);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    const int mtiles = FC2 ? m.m2 : m.m1, nst = 2 * (FC2 ? m.nk2 : m.nk1), K = FC2 ? m.I : m.H;
+    const int nrb = (mtiles + WP_TILES - 1) / WP_TILES, jobs = r.ctl[1] * nrb;
+    uint32_t sg = 0; /* stages begun so far in this CTA: the same sequence in every role */
+    if (tid < WP_THREADS / 3) {
+        regs_dec<WP_REGS_PRODUCER>();
+        const __half *plain = (const __half *)(FC2 ? r.hq : r.xq);
+        for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
+            const int wi = job / nrb, rb = job - wi * nrb;
+            const int4 wk = r.work[wi];
+            const int nrow = wk.z < TN ? wk.z : TN;
+            const __half *src[2];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int row = (tid >> 1) + 64 * rr;
+                const int srow = row < nrow ? (FC2 ? wk.y + row : r.sorted_tok[wk.y + row]) : 0;
+                src[rr] = plain + (size_t)srow * 2 * K;
+            }
+#pragma unroll 1
+            for (int s = 0; s < nst; s++) {
+                const uint32_t g = sg + s, b = g % ST;
+                if (g >= ST) mbar_wait(empty + 8 * b, ((g / ST) - 1) & 1);
+                wp_fill<FMT, TN, NP, FC2>(m, sbase + b * wp_stage_bytes(TN, NP), s, src, nrow, wk.x, rb, tid);
+                cp_async_mbar_arrive(full + 8 * b);
+            }
+            sg += nst;
+        }
+        cp_async_wait<0>();
+        return;
+    }
+    regs_inc<WP_REGS_CONSUMER>();
+    const int cw = (tid >> 5) - 4, wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
+    const int ti0 = wgi * 8 + wq; /* this warp's tiles: ti0 (M tile 0) and ti0 + 4 (M tile 1) */
+    for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
+        const int wi = job / nrb, rb = job - wi * nrb;
+        const int4 wk = r.work[wi];
+        float acc[2][TN / 2];
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int i = 0; i < TN / 2; i++) acc[t][i] = 0.f;
+        uint32_t a[2][4][4];
+#pragma unroll 1
+        for (int s = 0; s < nst; s += 2) { /* nst is even: the unit's two halves */
+            wp_cstage<FMT, TN, NP, 0>(sg + s, s == 0, sbase, full, empty, ti0, lane, acc, a);
+            wp_cstage<FMT, TN, NP, 1>(sg + s + 1, false, sbase, full, empty, ti0, lane, acc, a);
+        }
+        wg_wait<0>();
+        if (lane == 0) mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
+        sg += nst;
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int mt = rb * WP_TILES + ti0 + 4 * t;
+            if (mt < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, wk.x, wk.y, wk.z, mt, g, q, acc[t]);
+        }
+    }
+}
+
+typedef void (*kern_t)(MoeDev, MoeRun);
+#define PACTS(X, F, N, P)                                                                             \
+    X(F, K3_ACT_IDENTITY, N, P), X(F, K3_ACT_GELU, N, P), X(F, K3_ACT_RELU, N, P), X(F, K3_ACT_SILU, N, P), \
+        X(F, K3_ACT_SWIGLU, N, P), X(F, K3_ACT_GEGLU, N, P), X(F, K3_ACT_SWIGLU_BIAS, N, P),              \
+        X(F, K3_ACT_RELU2, N, P), X(F, K3_ACT_SITU, N, P)
+#define WP1K(F, A, N, P) (kern_t)k_wgp<F, A, N, 0, P>
+#define WP2K(F, N, P) (kern_t)k_wgp<F, K3_ACT_IDENTITY, N, 1, P>
+#define WP_FMTS1(N, P) {{PACTS(WP1K, FMT_NV, N, P)}, {PACTS(WP1K, FMT_MX, N, P)}}
+#define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
+
+/* Tile widths of this path (tokens per item); moe_wp_width_index maps a width to its column. */
+static const int wp_widths[3] = {48, 80, 128};
+
+/* [terms - 1][width][fmt][act - 1] */
+static const kern_t wp_fc1_table[2][3][2][9] = {
+    {WP_FMTS1(48, 1), WP_FMTS1(80, 1), WP_FMTS1(128, 1)},
+    {WP_FMTS1(48, 2), WP_FMTS1(80, 2), WP_FMTS1(128, 2)},
+};
+static const kern_t wp_fc2_table[2][3][2] = {
+    {WP_FMTS2(48, 1), WP_FMTS2(80, 1), WP_FMTS2(128, 1)},
+    {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(128, 2)},
+};
+
+int moe_wp_width_ok(int tn) {
+    for (int i = 0; i < 3; i++)
+        if (wp_widths[i] == tn) return 1;
+    return 0;
+}
+
+int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
+                  k3_error *err) {
+    int wi = -1;
+    for (int i = 0; i < 3; i++)
+        if (wp_widths[i] == tn) wi = i;
+    if (wi < 0) return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48, 80 or 128)", tn);
+    /* the kernel walks d.m1 FC1 tiles: the upload sized them from the one gated table */
+    if (!fc2 && (int64_t)d.m1 * 16 != k3_act_fc1_rows(m->act, d.I))
+        return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: %d FC1 tiles uploaded, the activation table gives %lld rows", d.m1,
+                       (long long)k3_act_fc1_rows(m->act, d.I));
+    const int pi = r.np == 2 ? 1 : 0;
+    kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
+    const int smem = tn == 48 ? wp_smem_bytes(48, r.np) : tn == 80 ? wp_smem_bytes(80, r.np) : wp_smem_bytes(128, r.np);
+    K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    k<<<m->n_sm, WP_THREADS, smem, st>>>(d, r);
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, fc2 ? "k_wgp<fc2><<<>>>" : "k_wgp<fc1><<<>>>", __FILE__, __LINE__);
+}
