@@ -3,14 +3,14 @@
 # file with extra -D flags (the #ifdef K3_LAB_* switches a lab session adds) and links it ahead
 # of build/libk3.a into lab/bin/bench_NAME (and, with WITH_TEST=1, lab/bin/test_NAME), stripped
 # for the device tool's 64 MiB carry. Run `make` first. lab/bin/ is git-ignored.
-# Usage: [SRC=DIR] lab/variant.sh NAME [moe_run|moe_prefill] -DK3_LAB_X=1 ...
+# Usage: [SRC=DIR] lab/variant.sh NAME [moe_run|moe_prefill|moe_prefill_ws] -DK3_LAB_X=1 ...
 # SRC: a copy of src/ (only its cuda/ files needed) holding another version of the kernel files,
 # e.g. a branch's, compiled against this tree's libk3.a (headers in SRC shadow src/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1; shift
 unit=moe_run
-case "${1:-}" in moe_run|moe_prefill) unit=$1; shift;; esac
+case "${1:-}" in moe_run|moe_prefill|moe_prefill_ws) unit=$1; shift;; esac
 CUDA_HOME=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")
 mkdir -p lab/bin
 obj=$(mktemp --suffix=.o)
