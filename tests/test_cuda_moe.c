@@ -171,31 +171,52 @@ static double mode_bound(k3_act_mode mode) {
 
 static int bf16_inputs;
 
-static double run_case(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode mode, int T, int k, int how,
-                       float **y_out, double **ref_out) {
+/* One case's inputs and float64 reference, so that several GEMM paths can run the same case. */
+typedef struct {
+    int T, k;
+    float *x, *w;
+    int32_t *ids;
+    double *ref;
+} kase;
+
+static void case_make(model *m, k3_act_mode mode, int T, int k, int how, kase *c) {
     const int H = m->ex.hidden;
-    float *x = malloc(sizeof(float) * T * H), *w = malloc(sizeof(float) * T * k), *y = malloc(sizeof(float) * T * H);
-    int32_t *ids = malloc(sizeof(int32_t) * T * k);
-    double *ref = malloc(sizeof(double) * T * H);
+    c->T = T, c->k = k;
+    c->x = malloc(sizeof(float) * T * H), c->w = malloc(sizeof(float) * T * k);
+    c->ids = malloc(sizeof(int32_t) * T * k);
+    c->ref = malloc(sizeof(double) * T * H);
     for (int i = 0; i < T * H; i++) {
-        x[i] = (float)((urand() * 2 - 1) * (0.5 + 2 * urand()));
-        if (bf16_inputs) x[i] = k3_bf16_to_f32(k3_f32_to_bf16(x[i]));
+        c->x[i] = (float)((urand() * 2 - 1) * (0.5 + 2 * urand()));
+        if (bf16_inputs) c->x[i] = k3_bf16_to_f32(k3_f32_to_bf16(c->x[i]));
     }
-    make_routing(T, k, m->ex.n_experts, how, ids, w);
-    for (int i = 0; i < T * H; i++) y[i] = NAN;
+    make_routing(T, k, m->ex.n_experts, how, c->ids, c->w);
+    ref_run(m, mode, c->x, T, c->ids, c->w, k, c->ref);
+}
+
+static void case_free(kase *c) { free(c->x), free(c->w), free(c->ids), free(c->ref); }
+
+/* relL2 of one run against the case's reference (NaN where any output is not finite); the
+ * output is poisoned before the run. */
+static double case_run(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode mode, const kase *c) {
+    const size_t n = (size_t)c->T * m->ex.hidden;
+    float *y = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) y[i] = NAN;
     k3_error err = {0};
-    int rc = k3_cuda_moe_run_host(cm, b, mode, x, T, ids, w, k, y, &err);
+    int rc = k3_cuda_moe_run_host(cm, b, mode, c->x, c->T, c->ids, c->w, c->k, y, &err);
     if (rc) fprintf(stderr, "run: %s\n", err.msg);
     assert_int_equal(rc, K3_OK);
-    ref_run(m, mode, x, T, ids, w, k, ref);
-    double r = rel_l2(y, ref, (size_t)T * H);
-    for (int i = 0; i < T * H; i++)
+    double r = rel_l2(y, c->ref, n);
+    for (size_t i = 0; i < n; i++)
         if (!isfinite(y[i])) r = NAN;
-    free(x), free(w), free(ids);
-    if (y_out) *y_out = y;
-    else free(y);
-    if (ref_out) *ref_out = ref;
-    else free(ref);
+    free(y);
+    return r;
+}
+
+static double run_case(model *m, k3_cuda_moe *cm, k3_cuda_backend b, k3_act_mode mode, int T, int k, int how) {
+    kase c;
+    case_make(m, mode, T, k, how, &c);
+    double r = case_run(m, cm, b, mode, &c);
+    case_free(&c);
     return r;
 }
 
@@ -224,7 +245,7 @@ static void check_shape(int H, int I, k3_wfmt fmt, k3_act act, k3_act_mode mode,
                 (void)dummy, (void)id;
                 continue;
             }
-            double r = run_case(&m, cm, (k3_cuda_backend)b, mode, T, k, ROUTE_RANDOM, NULL, NULL);
+            double r = run_case(&m, cm, (k3_cuda_backend)b, mode, T, k, ROUTE_RANDOM);
             printf("  %-10s %-5s %-11s %-10s T=%-5d relL2 %.3g (bound %g) H=%d I=%d\n", b ? "cuda-fused" : "cuda",
                    fmt == K3_WFMT_NVFP4 ? "nvfp4" : "mxfp4", act_names[act], k3_act_mode_name(mode), T, r, bound, H, I);
             assert_true(r <= bound);
@@ -294,13 +315,13 @@ static void test_w4a16_bf16(void **s) {
         for (int modei = 0; modei < (f ? 2 : 3); modei++)
             for (int i = 0; i < 3; i++) {
                 k3_act_mode mode = modes[modei];
-                double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
+                double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM);
                 printf("  mma.sync %s swiglu %-10s T=%-4d relL2 %.3g (bound %g)\n", f ? "mxfp4" : "nvfp4",
                        k3_act_mode_name(mode), Ts[i], r, mode_bound(mode));
                 assert_true(r <= mode_bound(mode));
             }
         for (int modei = 0; modei < 2; modei++) {
-            double r = run_case(&m, cm, K3_CUDA_GROUPED, modes[modei], 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
+            double r = run_case(&m, cm, K3_CUDA_GROUPED, modes[modei], 300, 1, ROUTE_ONE_EXPERT);
             printf("  mma.sync %s swiglu %s all tokens on one expert T=300 k=1 relL2 %.3g\n", f ? "mxfp4" : "nvfp4",
                    k3_act_mode_name(modes[modei]), r);
             assert_true(r <= mode_bound(modes[modei]));
@@ -308,6 +329,26 @@ static void test_w4a16_bf16(void **s) {
         k3_cuda_moe_free(cm);
         model_free(&m);
     }
+}
+
+/* One case (inputs and reference made once) through every pinned sm_90a GEMM width: the k_wg
+ * tiles of 32, 64 and 128 tokens and the warp-specialized k_wgp ones of 48 and 80. Returns the
+ * runs made. */
+static int check_widths(model *m, k3_cuda_moe *cm, const char *what, k3_act_mode mode, int T, int k, int how) {
+    static const int widths[] = {32, 48, 64, 80, 128};
+    const int n = (int)(sizeof widths / sizeof widths[0]);
+    k3_error err = {0};
+    kase c;
+    case_make(m, mode, T, k, how, &c);
+    for (int wi = 0; wi < n; wi++) {
+        assert_int_equal(k3_cuda_moe_set_gemm_path(cm, widths[wi], &err), K3_OK);
+        double r = case_run(m, cm, K3_CUDA_GROUPED, mode, &c);
+        printf("  wgmma %3d %s %-10s T=%-4d k=%d relL2 %.3g (bound %g)\n", widths[wi], what, k3_act_mode_name(mode), T,
+               k, r, mode_bound(mode));
+        assert_true(r <= mode_bound(mode));
+    }
+    case_free(&c);
+    return n;
 }
 
 /* The sm_90a wgmma GEMM paths pinned (k_wg: 32, 64 and 128 tokens per tile; the warp-specialized
@@ -343,29 +384,17 @@ static void test_wgmma_path(void **s) {
             assert_int_equal(rc, K3_OK);
             /* modes: w4a16 (fp32 and bf16-valued x), w4a16-bf16, w4a4 (NVFP4 only) */
             static const k3_act_mode modes[] = {K3_MODE_W4A16, K3_MODE_W4A16, K3_MODE_W4A16_BF16, K3_MODE_W4A4};
-            static const int widths[] = {32, 48, 64, 80, 128};
-            for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
-                const int tn = widths[wi];
-                assert_int_equal(k3_cuda_moe_set_gemm_path(cm, tn, &err), K3_OK);
-                for (int mi = 0; mi < (f ? 3 : 4); mi++)
-                    for (int i = 0; i < 4; i++) {
-                        const k3_act_mode mode = modes[mi];
-                        bf16_inputs = mi == 1;
-                        double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM, NULL, NULL);
-                        bf16_inputs = 0;
-                        printf("  wgmma %d %s %-11s %-10s %s T=%-4d relL2 %.3g (bound %g)\n", tn,
-                               f ? "mxfp4" : "nvfp4", act_names[acts[a]], k3_act_mode_name(mode),
-                               mi == 1 ? "bf16-x" : "f32-x ", Ts[i], r, mode_bound(mode));
-                        assert_true(r <= mode_bound(mode));
-                        ran++;
-                    }
-                for (int mi = 0; mi < 3; mi += 2) {
-                    double r = run_case(&m, cm, K3_CUDA_GROUPED, modes[mi], 300, 1, ROUTE_ONE_EXPERT, NULL, NULL);
-                    printf("  wgmma %d %s %-11s %-10s all tokens on one expert T=300 k=1 relL2 %.3g\n", tn,
-                           f ? "mxfp4" : "nvfp4", act_names[acts[a]], k3_act_mode_name(modes[mi]), r);
-                    assert_true(r <= mode_bound(modes[mi]));
+            char what[64];
+            for (int mi = 0; mi < (f ? 3 : 4); mi++)
+                for (int i = 0; i < 4; i++) {
+                    bf16_inputs = mi == 1;
+                    snprintf(what, sizeof what, "%s %-11s %s", f ? "mxfp4" : "nvfp4", act_names[acts[a]],
+                             mi == 1 ? "bf16-x" : "f32-x ");
+                    ran += check_widths(&m, cm, what, modes[mi], Ts[i], 4, ROUTE_RANDOM);
+                    bf16_inputs = 0;
                 }
-            }
+            snprintf(what, sizeof what, "%s %-11s one expert", f ? "mxfp4" : "nvfp4", act_names[acts[a]]);
+            for (int mi = 0; mi < 3; mi += 2) ran += check_widths(&m, cm, what, modes[mi], 300, 1, ROUTE_ONE_EXPERT);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 8, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 256, &err), K3_ERR_ARG);
@@ -389,10 +418,10 @@ static void test_all_tokens_one_expert_and_empty_experts(void **s) {
         for (int h = 0; h < 2; h++) {
             /* k = 1 and every token on one expert: one expert with 300 tokens, 31 empty */
             int k = how[h] == ROUTE_ONE_EXPERT ? 1 : 2;
-            double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16, 300, k, how[h], NULL, NULL);
+            double r = run_case(&m, cm, K3_CUDA_GROUPED, K3_MODE_W4A16, 300, k, how[h]);
             printf("  cuda       %s route %d T=300 k=%d relL2 %.3g\n", f ? "mxfp4" : "nvfp4", h, k, r);
             assert_true(r <= 1e-5);
-            r = run_case(&m, cm, K3_CUDA_FUSED, K3_MODE_W4A16, 64, k, how[h], NULL, NULL);
+            r = run_case(&m, cm, K3_CUDA_FUSED, K3_MODE_W4A16, 64, k, how[h]);
             printf("  cuda-fused %s route %d T=64 k=%d relL2 %.3g\n", f ? "mxfp4" : "nvfp4", h, k, r);
             assert_true(r <= 1e-5);
         }

@@ -116,7 +116,7 @@ typedef struct k3_cuda_bench_opts {
                             fused); 0 = automatic */
     int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
                             with that many tokens per tile (an error where it cannot run) */
-    int wgp;             /* lab sweeps: 48, 80 or 128 forces the warp-specialized sm_90a wgmma path
+    int wgp;             /* lab sweeps: 48 or 80 forces the warp-specialized sm_90a wgmma path
                             with that tile width (an error where it cannot run); 0 = automatic */
     int cta_warps;       /* lab sweeps: 1, 2, 4 or 8 warps per K part in the grouped mma.sync CTAs (8
                             only with one K part: an error at T*k <= 64 unless k_splits = 1); 0 = automatic */

@@ -6,7 +6,7 @@
  * into the SM per issued tensor-core multiply-add in w4a16 (two fp16 terms per activation:
  * 4 bytes per element), so at ~30% of the tensor peak they already pull ~3 TB/s out of L2, and
  * every 64-k stage ends in a CTA barrier of all their warps. Here one CTA per SM covers 256
- * weight rows x TN tokens (0.01 bytes per multiply-add at TN = 128) and no barrier of the whole
+ * weight rows x TN tokens (0.011 bytes per multiply-add at TN = 80) and no barrier of the whole
  * CTA sits in the main loop.
  *
  * 384 threads: warpgroup 0 produces (cp.async of the stage's token rows and the 16 tiles' half
@@ -213,20 +213,20 @@ typedef void (*kern_t)(MoeDev, MoeRun);
 #define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
 
 /* Tile widths of this path (tokens per item); moe_wp_width_index maps a width to its column. */
-static const int wp_widths[3] = {48, 80, 128};
+static const int wp_widths[2] = {48, 80};
 
 /* [terms - 1][width][fmt][act - 1] */
-static const kern_t wp_fc1_table[2][3][2][9] = {
-    {WP_FMTS1(48, 1), WP_FMTS1(80, 1), WP_FMTS1(128, 1)},
-    {WP_FMTS1(48, 2), WP_FMTS1(80, 2), WP_FMTS1(128, 2)},
+static const kern_t wp_fc1_table[2][2][2][9] = {
+    {WP_FMTS1(48, 1), WP_FMTS1(80, 1)},
+    {WP_FMTS1(48, 2), WP_FMTS1(80, 2)},
 };
-static const kern_t wp_fc2_table[2][3][2] = {
-    {WP_FMTS2(48, 1), WP_FMTS2(80, 1), WP_FMTS2(128, 1)},
-    {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(128, 2)},
+static const kern_t wp_fc2_table[2][2][2] = {
+    {WP_FMTS2(48, 1), WP_FMTS2(80, 1)},
+    {WP_FMTS2(48, 2), WP_FMTS2(80, 2)},
 };
 
 int moe_wp_width_ok(int tn) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 2; i++)
         if (wp_widths[i] == tn) return 1;
     return 0;
 }
@@ -234,16 +234,16 @@ int moe_wp_width_ok(int tn) {
 int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
                   k3_error *err) {
     int wi = -1;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 2; i++)
         if (wp_widths[i] == tn) wi = i;
-    if (wi < 0) return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48, 80 or 128)", tn);
+    if (wi < 0) return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48 or 80)", tn);
     /* the kernel walks d.m1 FC1 tiles: the upload sized them from the one gated table */
     if (!fc2 && (int64_t)d.m1 * 16 != k3_act_fc1_rows(m->act, d.I))
         return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: %d FC1 tiles uploaded, the activation table gives %lld rows", d.m1,
                        (long long)k3_act_fc1_rows(m->act, d.I));
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
-    const int smem = tn == 48 ? wp_smem_bytes(48, r.np) : tn == 80 ? wp_smem_bytes(80, r.np) : wp_smem_bytes(128, r.np);
+    const int smem = tn == 48 ? wp_smem_bytes(48, r.np) : wp_smem_bytes(80, r.np);
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     k<<<m->n_sm, WP_THREADS, smem, st>>>(d, r);
     cudaError_t e = cudaGetLastError();

@@ -111,20 +111,6 @@ __device__ __forceinline__ void wgmma_n80(float *d, uint32_t a0, uint32_t a1, ui
 }
 
 template <int OFF>
-__device__ __forceinline__ void wgmma_n96(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
-#if K3_WGMMA
-    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %53, 0;\nadd.s64 dd, %52, %54;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
-                 "{%48,%49,%50,%51}, dd, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
-#else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
-    __trap();
-#endif
-}
-
-template <int OFF>
 __device__ __forceinline__ void wgmma_n128(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
 #if K3_WGMMA
     asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %69, 0;\nadd.s64 dd, %68, %70;\n"
@@ -140,12 +126,11 @@ __device__ __forceinline__ void wgmma_n128(float *d, uint32_t a0, uint32_t a1, u
 
 template <int N, int OFF>
 __device__ __forceinline__ void wgmma_tn(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
-    static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 96 || N == 128, "tile widths 32, 48, 64, 80, 96, 128");
+    static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 128, "tile widths 32, 48, 64, 80, 128");
     if constexpr (N == 32) wgmma_n32<OFF>(d, a0, a1, a2, a3, db);
     else if constexpr (N == 48) wgmma_n48<OFF>(d, a0, a1, a2, a3, db);
     else if constexpr (N == 64) wgmma_n64<OFF>(d, a0, a1, a2, a3, db);
     else if constexpr (N == 80) wgmma_n80<OFF>(d, a0, a1, a2, a3, db);
-    else if constexpr (N == 96) wgmma_n96<OFF>(d, a0, a1, a2, a3, db);
     else if constexpr (N == 128) wgmma_n128<OFF>(d, a0, a1, a2, a3, db);
 }
 
