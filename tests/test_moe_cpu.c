@@ -300,6 +300,25 @@ static void test_skewed_routing(void **s) {
     reference(b, &ex, K3_MODE_W4A16, X, T, IDS, W, REF);
     for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++)
         if (k3_cpu_isa_available(ISAS[k])) assert_true(run_cpu(&ex, K3_MODE_W4A16, T, ISAS[k], Y) <= BOUND);
+    /* expert 7 shared by all 5 tokens, 15 others with one token each: the pass sequence
+     * alternates the multi-token dot path and the one-token rows path (and its SiTU runs) */
+    T = 5;
+    random_inputs(T);
+    for (int t = 0; t < T; t++) {
+        IDS[t * K] = 7;
+        for (int j = 1; j < K; j++) IDS[t * K + j] = (8 + 3 * t + j - 1) % E;
+    }
+    static const k3_act_mode modes[] = {K3_MODE_W4A16, K3_MODE_W4A4};
+    for (int mi = 0; mi < 2; mi++) {
+        reference(b, &ex, modes[mi], X, T, IDS, W, REF);
+        for (size_t k = 0; k < sizeof ISAS / sizeof *ISAS; k++) {
+            if (!k3_cpu_isa_available(ISAS[k])) continue;
+            double r = run_cpu(&ex, modes[mi], T, ISAS[k], Y);
+            if (!(r <= BOUND))
+                fail_msg("%s mixed one/five-token experts, mode %s: rel L2 %.3g > %g",
+                         k3_cpu_isa_name(ISAS[k]), k3_act_mode_name(modes[mi]), r, BOUND);
+        }
+    }
     free_bank(b);
 }
 

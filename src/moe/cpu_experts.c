@@ -6,13 +6,14 @@
  *  1. inputs: every token row converted once into the kernel's input layout (and, in
  *     W4A4/W4A8, quantized and dequantized exactly as the emulated hardware would; in
  *     W4A16_BF16, rounded to bf16);
- *  2. FC1: items = (active expert, block of FC1 rows); each row of w1 (and w3 when gated)
- *     is decoded once for all of the expert's tokens and the activation is applied at once;
- *     with one token per active expert, items are passes (expert, 2 gate/up row pairs)
- *     over all experts in order, each prefetching the next pass's rows;
+ *  2. FC1: passes (active expert, 2 gate/up row pairs or 4 rows) over all experts in order,
+ *     each for all of the expert's tokens and each prefetching the next pass's rows; each row
+ *     of w1 (and w3 when gated) is decoded once per K3_CPU_NT tokens and the activation is
+ *     applied at once (without a rows kernel or with float64 sums: items of FC1_ROWS rows);
  *  3. the hidden rows converted like the inputs (quantized with g2 in W4A4/W4A8, rounded to
  *     bf16 from their fp32 values in W4A16_BF16);
- *  4. FC2: items = (active expert, block of output rows);
+ *  4. FC2: passes of K3_CPU_NR output rows the same way (items of FC2_ROWS rows without a
+ *     rows kernel);
  *  5. finalize: y[t] = sum of w[t, slot] * row(t, slot) over the local slots, in slot order.
  * Scratch (a few hundred kilobytes at T = 1) comes from the pool's workspace, so repeated
  * calls do not fault in fresh pages; it is sized for R = T*k rows up front. */
@@ -178,58 +179,73 @@ static void phase_hidden(void *ctx, int64_t b, int64_t e, int thread) {
     }
 }
 
+/* An expert's FC1 outputs i .. i + m - 1 for its n tokens (sorted rows r0 ..): each row of w1
+ * (and w3) decoded once per K3_CPU_NT tokens by the dot kernel, the activation applied as the
+ * values come. */
+static void fc1_dot(const plan *p, int le, int64_t r0, int64_t n, int64_t i, int m) {
+    const k3_expert *E = &p->ex->e[le];
+    float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
+    for (int j = 0; j < m; j++)
+        for (int64_t t0 = r0; t0 < r0 + n; t0 += K3_CPU_NT) {
+            int nt = (int)(r0 + n - t0 < K3_CPU_NT ? r0 + n - t0 : K3_CPU_NT);
+            const float *xs[K3_CPU_NT];
+            float g[K3_CPU_NT], u[K3_CPU_NT] = {0};
+            for (int t = 0; t < nt; t++) xs[t] = p->xin + (int64_t)p->row_tok[t0 + t] * p->H;
+            p->dot(row_data(&E->w1, i + j), row_scale(&E->w1, i + j), p->H, xs, nt, g);
+            if (p->gated)
+                p->dot(row_data(&E->w3, i + j), row_scale(&E->w3, i + j), p->H, xs, nt, u);
+            for (int t = 0; t < nt; t++)
+                p->h[(t0 + t) * p->I + i + j] = k3_act_f32(&p->ex->act, le, g[t] * s1, u[t] * s3);
+        }
+}
+
+/* The same in float64 (W4A4 / W4A8 FC1, dot64: see cpu_kern.h). */
+static void fc1_dot64(const plan *p, int le, int64_t r0, int64_t n, int64_t i, int m) {
+    const k3_expert *E = &p->ex->e[le];
+    double d1 = (double)out_scale(&E->w1) * p->in1d;
+    double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
+    for (int j = 0; j < m; j++)
+        for (int64_t t0 = r0; t0 < r0 + n; t0 += K3_CPU_NT) {
+            int nt = (int)(r0 + n - t0 < K3_CPU_NT ? r0 + n - t0 : K3_CPU_NT);
+            const float *xs[K3_CPU_NT];
+            double g[K3_CPU_NT], u[K3_CPU_NT] = {0};
+            for (int t = 0; t < nt; t++) xs[t] = p->xin + (int64_t)p->row_tok[t0 + t] * p->H;
+            p->dot64(row_data(&E->w1, i + j), row_scale(&E->w1, i + j), p->H, xs, nt, g);
+            if (p->gated)
+                p->dot64(row_data(&E->w3, i + j), row_scale(&E->w3, i + j), p->H, xs, nt, u);
+            for (int t = 0; t < nt; t++)
+                p->h[(t0 + t) * p->I + i + j] =
+                    (float)k3_act_f64(&p->ex->act, le, g[t] * d1, u[t] * d3);
+        }
+}
+
+/* An expert's FC2 outputs n0 .. n0 + m - 1 for its tokens, dot kernel. */
+static void fc2_dot(const plan *p, int a, int64_t n0, int m) {
+    const k3_qmat *w2 = &p->ex->e[p->act_e[a]].w2;
+    float s2 = out_scale(w2) * p->in2;
+    int64_t r0 = p->off[a], r1 = p->off[a + 1];
+    for (int j = 0; j < m; j++)
+        for (int64_t t0 = r0; t0 < r1; t0 += K3_CPU_NT) {
+            int nt = (int)(r1 - t0 < K3_CPU_NT ? r1 - t0 : K3_CPU_NT);
+            const float *xs[K3_CPU_NT];
+            float v[K3_CPU_NT];
+            for (int t = 0; t < nt; t++) xs[t] = p->h + (t0 + t) * p->I;
+            p->dot(row_data(w2, n0 + j), row_scale(w2, n0 + j), p->I, xs, nt, v);
+            for (int t = 0; t < nt; t++) p->y2[(t0 + t) * p->H + n0 + j] = v[t] * s2;
+        }
+}
+
+/* Without a rows kernel (scalar, BF16 and F32 banks) or with float64 FC1 sums: items =
+ * (active expert, block of rows), all of the expert's tokens per decoded row. */
 static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
     const plan *p = ctx;
-    const k3_experts *ex = p->ex;
     for (int64_t item = b; item < e; item++) {
         int a = (int)(item / p->fc1_blocks);
-        int le = p->act_e[a];
-        const k3_expert *E = &ex->e[le];
-        float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
         int64_t i0 = (item % p->fc1_blocks) * FC1_ROWS, i1 = i0 + FC1_ROWS;
         if (i1 > p->I) i1 = p->I;
-        if (p->rows && !p->dot64 && p->off[a + 1] - p->off[a] == 1) {
-            /* one token: gate and up rows of two outputs (or four outputs) per pass */
-            int64_t r0 = p->off[a];
-            const float *xr = p->xin + (int64_t)p->row_tok[r0] * p->H;
-            int per = p->gated ? 2 : 4;
-            for (int64_t i = i0; i < i1; i += per) {
-                const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR];
-                float v[K3_CPU_NR];
-                int m = (int)(i1 - i < per ? i1 - i : per), n = fc1_rows(E, p->gated, i, m, qs, ss);
-                p->rows(qs, ss, n, p->H, xr, v, NULL, NULL);
-                for (int j = 0; j < m; j++) {
-                    float g = v[p->gated ? 2 * j : j] * s1, u = p->gated ? v[2 * j + 1] * s3 : 0;
-                    p->h[r0 * p->I + i + j] = k3_act_f32(&ex->act, le, g, u);
-                }
-            }
-            continue;
-        }
-        for (int64_t i = i0; i < i1; i++) {
-            for (int64_t r0 = p->off[a]; r0 < p->off[a + 1]; r0 += K3_CPU_NT) {
-                int nt = (int)(p->off[a + 1] - r0 < K3_CPU_NT ? p->off[a + 1] - r0 : K3_CPU_NT);
-                const float *xs[K3_CPU_NT];
-                float g[K3_CPU_NT], u[K3_CPU_NT] = {0};
-                for (int j = 0; j < nt; j++) xs[j] = p->xin + (int64_t)p->row_tok[r0 + j] * p->H;
-                if (p->dot64) {
-                    double gd[K3_CPU_NT], ud[K3_CPU_NT] = {0};
-                    double d1 = (double)out_scale(&E->w1) * p->in1d;
-                    double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
-                    p->dot64(row_data(&E->w1, i), row_scale(&E->w1, i), p->H, xs, nt, gd);
-                    if (p->gated)
-                        p->dot64(row_data(&E->w3, i), row_scale(&E->w3, i), p->H, xs, nt, ud);
-                    for (int j = 0; j < nt; j++)
-                        p->h[(r0 + j) * p->I + i] =
-                            (float)k3_act_f64(&ex->act, le, gd[j] * d1, ud[j] * d3);
-                    continue;
-                }
-                p->dot(row_data(&E->w1, i), row_scale(&E->w1, i), p->H, xs, nt, g);
-                if (p->gated) p->dot(row_data(&E->w3, i), row_scale(&E->w3, i), p->H, xs, nt, u);
-                for (int j = 0; j < nt; j++)
-                    p->h[(r0 + j) * p->I + i] = k3_act_f32(&ex->act, le, g[j] * s1, u[j] * s3);
-            }
-        }
+        int64_t r0 = p->off[a], n = p->off[a + 1] - r0;
+        (p->dot64 ? fc1_dot64 : fc1_dot)(p, p->act_e[a], r0, n, i0, (int)(i1 - i0));
     }
 }
 
@@ -238,45 +254,33 @@ static void phase_fc2(void *ctx, int64_t b, int64_t e, int thread) {
     const plan *p = ctx;
     for (int64_t item = b; item < e; item++) {
         int a = (int)(item / p->fc2_blocks);
-        const k3_qmat *w2 = &p->ex->e[p->act_e[a]].w2;
-        float s2 = out_scale(w2) * p->in2;
         int64_t n0 = (item % p->fc2_blocks) * FC2_ROWS, n1 = n0 + FC2_ROWS;
         if (n1 > p->H) n1 = p->H;
-        if (p->rows && p->off[a + 1] - p->off[a] == 1) {
-            int64_t r0 = p->off[a];
-            for (int64_t n = n0; n < n1; n += K3_CPU_NR) {
-                const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR];
-                float v[K3_CPU_NR];
-                int m = (int)(n1 - n < K3_CPU_NR ? n1 - n : K3_CPU_NR);
-                for (int j = 0; j < m; j++) {
-                    qs[j] = row_data(w2, n + j);
-                    ss[j] = row_scale(w2, n + j);
-                }
-                p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v, NULL, NULL);
-                for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
-            }
-            continue;
-        }
-        for (int64_t n = n0; n < n1; n++) {
-            for (int64_t r0 = p->off[a]; r0 < p->off[a + 1]; r0 += K3_CPU_NT) {
-                int nt = (int)(p->off[a + 1] - r0 < K3_CPU_NT ? p->off[a + 1] - r0 : K3_CPU_NT);
-                const float *xs[K3_CPU_NT];
-                float v[K3_CPU_NT];
-                for (int j = 0; j < nt; j++) xs[j] = p->h + (r0 + j) * p->I;
-                p->dot(row_data(w2, n), row_scale(w2, n), p->I, xs, nt, v);
-                for (int j = 0; j < nt; j++) p->y2[(r0 + j) * p->H + n] = v[j] * s2;
-            }
-        }
+        fc2_dot(p, a, n0, (int)(n1 - n0));
     }
 }
 
-/* One token per active expert (T = 1, or T small with distinct experts): the work is a
- * flat sequence of passes, pass = (active expert, group of rows), walked in order so each
- * call can prefetch the rows of the pass after it, across expert boundaries too. */
+/* With a rows kernel (AVX2, AVX-512 on 4-bit banks) the work is a flat sequence of passes,
+ * pass = (active expert, group of rows) for all of the expert's tokens, walked in order so
+ * each pass can prefetch the rows of the pass after it, across expert boundaries too. An
+ * expert with one token goes through the rows kernel, which paces those prefetches over its
+ * own stream; one with several through the dot kernel, K3_CPU_NT tokens per decoded row,
+ * after prefetching the next pass's rows at once (it spends several FMAs per weight byte, so
+ * the burst has time to land). Before, only a call whose every expert had one token took
+ * passes: T = 8 under uniform routing almost always has a shared expert and ran the item
+ * path at 45% of the read bandwidth (72-73% now, docs/BENCHMARKS.md). */
 #define PASS_CHUNK 256 /* passes per dynamic grab: a thread's stream jumps (and its next-pass
                         * prefetch misses) once per grab; 16 cost ~25% at T = 1 on 2 threads */
 
-/* FC1 pass: gate and up rows of 2 outputs (gated) or 4 outputs. */
+static void prefetch_rows(const uint8_t *const *q, const uint8_t *const *s, int n, int64_t qbytes,
+                          int64_t sbytes) {
+    for (int r = 0; r < n; r++) {
+        for (int64_t o = 0; o < qbytes; o += 64) __builtin_prefetch(q[r] + o);
+        for (int64_t o = 0; s[r] && o < sbytes; o += 64) __builtin_prefetch(s[r] + o);
+    }
+}
+
+/* FC1 pass: gate and up rows of 2 outputs (gated) or 4 outputs; returns the outputs. */
 static int fc1_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const uint8_t **ss,
                          int *a_out, int64_t *i_out) {
     int per = p->gated ? 2 : 4;
@@ -308,7 +312,7 @@ static void act_flush(const plan *p, act_run *b) {
     b->n = 0;
 }
 
-static void phase_fc1_one(void *ctx, int64_t b, int64_t e, int thread) {
+static void phase_fc1_pass(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
     const plan *p = ctx;
     const k3_experts *ex = p->ex;
@@ -316,14 +320,20 @@ static void phase_fc1_one(void *ctx, int64_t b, int64_t e, int thread) {
     act_run run = {.n = 0};
     for (int64_t pass = b; pass < e; pass++) {
         const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
-        int a, an;
+        int a, an, mn = 0;
         int64_t i, in;
         int m = fc1_pass_rows(p, pass, qs, ss, &a, &i);
-        if (pass + 1 < n_pass) fc1_pass_rows(p, pass + 1, nq, ns, &an, &in);
+        if (pass + 1 < n_pass) mn = fc1_pass_rows(p, pass + 1, nq, ns, &an, &in);
         int le = p->act_e[a];
         const k3_expert *E = &ex->e[le];
-        float s1 = out_scale(&E->w1), s3 = p->gated ? out_scale(&E->w3) : 0, v[K3_CPU_NR];
-        int64_t r0 = p->off[a];
+        int64_t r0 = p->off[a], n = p->off[a + 1] - r0;
+        if (n > 1) {
+            prefetch_rows(nq, ns, p->gated ? 2 * mn : mn, row_bytes(&E->w1), scale_cols(&E->w1));
+            fc1_dot(p, le, r0, n, i, m);
+            continue;
+        }
+        float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
+        float v[K3_CPU_NR];
         p->rows(qs, ss, p->gated ? 2 * m : m, p->H, p->xin + (int64_t)p->row_tok[r0] * p->H, v,
                 pass + 1 < n_pass ? nq : NULL, pass + 1 < n_pass ? ns : NULL);
         float *dst = p->h + r0 * p->I + i;
@@ -357,18 +367,24 @@ static int fc2_pass_rows(const plan *p, int64_t pass, const uint8_t **qs, const 
     return m;
 }
 
-static void phase_fc2_one(void *ctx, int64_t b, int64_t e, int thread) {
+static void phase_fc2_pass(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
     const plan *p = ctx;
     int64_t n_pass = p->fc2_passes;
     for (int64_t pass = b; pass < e; pass++) {
         const uint8_t *qs[K3_CPU_NR], *ss[K3_CPU_NR], *nq[K3_CPU_NR] = {0}, *ns[K3_CPU_NR] = {0};
-        int a, an;
+        int a, an, mn = 0;
         int64_t n, nn;
         int m = fc2_pass_rows(p, pass, qs, ss, &a, &n);
-        if (pass + 1 < n_pass) fc2_pass_rows(p, pass + 1, nq, ns, &an, &nn);
-        float s2 = out_scale(&p->ex->e[p->act_e[a]].w2), v[K3_CPU_NR];
-        int64_t r0 = p->off[a];
+        if (pass + 1 < n_pass) mn = fc2_pass_rows(p, pass + 1, nq, ns, &an, &nn);
+        const k3_qmat *w2 = &p->ex->e[p->act_e[a]].w2;
+        float s2 = out_scale(w2) * p->in2, v[K3_CPU_NR]; /* 1/g2 in W4A4 (FC2 sums in float) */
+        int64_t r0 = p->off[a], nr = p->off[a + 1] - r0;
+        if (nr > 1) {
+            prefetch_rows(nq, ns, mn, row_bytes(w2), scale_cols(w2));
+            fc2_dot(p, a, n, m);
+            continue;
+        }
         p->rows(qs, ss, m, p->I, p->h + r0 * p->I, v, pass + 1 < n_pass ? nq : NULL,
                 pass + 1 < n_pass ? ns : NULL);
         for (int j = 0; j < m; j++) p->y2[r0 * p->H + n + j] = v[j] * s2;
@@ -579,18 +595,17 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
     p.fc2_blocks = (p.H + FC2_ROWS - 1) / FC2_ROWS;
     if (R > 0) {
         k3_parallel_for(pool, T, 1, K3_SCHED_STATIC, phase_inputs, &p);
-        bool one = p.rows && !p.dot64 && R == p.n_act; /* every active expert has one row */
         int per = p.gated ? 2 : 4;
         p.fc1_passes = p.n_act * ((p.I + per - 1) / per);
         p.fc2_passes = p.n_act * ((p.H + K3_CPU_NR - 1) / K3_CPU_NR);
-        if (one)
-            k3_parallel_for(pool, p.fc1_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc1_one, &p);
+        if (p.rows && !p.dot64)
+            k3_parallel_for(pool, p.fc1_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc1_pass, &p);
         else
             k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);
         if (p.layout != K3_FP4_NATURAL || mode != K3_MODE_W4A16) /* W4A16_BF16 rounds here */
             k3_parallel_for(pool, R, 1, K3_SCHED_DYNAMIC, phase_hidden, &p);
-        if (one)
-            k3_parallel_for(pool, p.fc2_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc2_one, &p);
+        if (p.rows)
+            k3_parallel_for(pool, p.fc2_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc2_pass, &p);
         else
             k3_parallel_for(pool, p.n_act * p.fc2_blocks, 1, K3_SCHED_DYNAMIC, phase_fc2, &p);
     }

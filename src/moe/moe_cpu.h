@@ -9,9 +9,10 @@
  *  - FC1 computes the gate and up rows together and applies the activation in the same
  *    pass; FC2 follows; the finalize sums the k slots of each token in slot order, in
  *    fp32, so results are identical for any thread count;
- *  - work is split over output rows of each expert (so T = 1 uses every thread); when
- *    every active expert has one token (T = 1) the rows of all experts form one sequence
- *    of passes, each prefetching the next, and SiTU is applied 16 outputs at a time.
+ *  - work is split over output rows of each expert (so T = 1 uses every thread): the rows
+ *    of all active experts form one sequence of passes, each prefetching the next (an
+ *    expert with one token through the multi-row kernel, with SiTU applied 16 outputs at a
+ *    time; one with several through the multi-token dot kernel).
  * Kernels: a portable scalar one, AVX2+FMA+F16C and AVX-512 (F/BW/VL), compiled with
  * function-level target attributes and chosen at run time; `isa` forces one (tests run
  * every kernel the machine has).
