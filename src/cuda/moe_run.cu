@@ -1,7 +1,8 @@
 /* The two GPU MoE backends over an uploaded k3_cuda_moe.
  *
  * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
- * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles):
+ * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles, and the
+ * warp-specialized ones of moe_prefill_ws.cu for NVFP4 w4a16 from 32, pick_wp, 48 or 80):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
  *   fc1       grid (work items x 16-row tiles / 8: 4 warps of two tiles each): swap-AB mma.sync,
@@ -447,12 +448,26 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
     return best;
 }
 
-/* The warp-specialized wgmma tiles (moe_prefill_ws.cu): only where pinned (benchmark hook
- * force_wp or k3_cuda_moe_set_gemm_path 48 / 80) until measured. */
+/* The warp-specialized wgmma tiles (moe_prefill_ws.cu) where they were measured faster than
+ * k_wg: the exact two-term mode (w4a16) from 32 tokens per touched expert. H200, NVFP4 K3 layer,
+ * ms for k_wg (automatic) / k_wgp 48 / k_wgp 80, tenth session: T = 1024 (~18 tokens per expert)
+ * 10.15 / 15.8 / 20.1; 2048 (~37) 18.25 / 17.38 / 21.5; 4096 (~73) 31.19 / 34.05 / 28.45; 8192
+ * (~146) 56.33 / 61.4 / 52.06. The crossover between 18 and 37 tokens is not measured. With one
+ * term k_wg won at every T (7.40 / 13.59 / 20.40 / 38.57 against the best k_wgp 13.6 / 14.10 /
+ * 21.57 / 39.37 ms), so one-term modes stay there. Width: ceil(n / w) items of cost 1 (48
+ * tokens) or 1.6 (80; the measured ratio of full items was 1.67-1.70), as pick_wg does.
+ * NVFP4 only: the MXFP4 k_wgp cases of test_wgmma_path have not yet passed on a device (the
+ * tenth session's run was cut off after the MXFP4 64-token cases), so MXFP4 stays on k_wg unless
+ * pinned. Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
+#define WP_MIN_TOKENS_PER_EXPERT 32
+
 static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
-    (void)T, (void)k, (void)np;
     if (!m->wg_ok) return 0;
-    return m->force_wp;
+    if (m->force_wp) return m->force_wp;
+    if (m->force_wg || np != 2 || m->fmt != FMT_NV) return 0;
+    const double per = tokens_per_expert(m, T, k);
+    if (per < WP_MIN_TOKENS_PER_EXPERT) return 0;
+    return ceil(per / 80) * 1.6 < ceil(per / 48) ? 80 : 48;
 }
 
 /* A grouped-chain launch; with pdl the kernel may start before its predecessor ends (it calls
