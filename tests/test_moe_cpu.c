@@ -9,7 +9,8 @@
  *    float64 with x and the hidden rounded to bf16 (BF16_RUN_BOUND says why these are looser),
  *    with fast paths that skip a rounding as negative controls.
  * Outputs are poisoned with NaN first; a NaN left behind fails the bound (!(err <= bound)).
- * Also: scale codes off the AVX-512 table-free path (negative, zero, subnormal), all tokens
+ * Also: every row kernel on row lengths with and without a tail after its wide steps, scale
+ * codes off the AVX-512 table-free path (negative, zero, subnormal), all tokens
  * to one expert, experts with no tokens, uneven expert-parallel ranks
  * summing to the full result, bitwise-identical results for 1, 2 and 3 threads, errors by
  * name, and mutations (w1/w3 swapped, SiTU betas swapped) that must fail the bound.
@@ -537,6 +538,88 @@ static void test_errors(void **s) {
     free_bank(nv);
 }
 
+/* Every row kernel the CPU has (dot for 1..4 tokens, rows for 1..4 rows) against float64 on
+ * row lengths with and without a tail after the kernels' wide steps (64 elements for AVX2, 128
+ * for AVX-512; the operator tests above only use 192 and 256): random bytes (every code,
+ * -0 included), scales across two decades, inputs in the kernel's layout (k3_cpu_pos). Bound:
+ * |out - ref| <= 1e-6 x sum |terms| (float accumulation of at most 3584 terms). */
+static void test_kernel_row_lengths(void **s) {
+    (void)s;
+    static const int64_t lens[] = {16, 32, 48, 64, 80, 96, 208, 224, 240, 3584};
+    static const k3_cpu_isa isas[] = {K3_ISA_SCALAR, K3_ISA_AVX2, K3_ISA_AVX512};
+    static const k3_cpu_kern *kerns[] = {&k3_cpu_kern_scalar, &k3_cpu_kern_avx2,
+                                         &k3_cpu_kern_avx512};
+    const int64_t KM = 3584;
+    uint8_t *q = malloc(4 * KM / 2), *sc = malloc(4 * KM / 16);
+    float *xn = malloc(sizeof(float) * 4 * KM), *xk = malloc(sizeof(float) * 4 * KM);
+    int checked = 0;
+    for (int ki = 0; ki < 3; ki++) {
+        if (!k3_cpu_isa_available(isas[ki])) continue;
+        const k3_cpu_kern *kn = kerns[ki];
+        for (int nv = 0; nv < 2; nv++) {
+            const int blk = nv ? 16 : 32;
+            k3_dot_fn dot = nv ? kn->nvfp4 : kn->mxfp4;
+            k3_rows_fn rows = nv ? kn->nvfp4_rows : kn->mxfp4_rows;
+            for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+                const int64_t L = lens[li];
+                if (L % blk) continue;
+                for (int64_t i = 0; i < 4 * L / 2; i++) q[i] = (uint8_t)(urand() * 256);
+                for (int64_t i = 0; i < 4 * L / blk; i++) /* E4M3 0x28..0x47 / E8M0 121..130 */
+                    sc[i] = (uint8_t)(nv ? 0x28 + (int)(urand() * 32) : 121 + (int)(urand() * 10));
+                for (int64_t i = 0; i < 4 * L; i++) xn[i] = nrand();
+                for (int r = 0; r < 4; r++)
+                    for (int64_t i = 0; i < L; i++)
+                        xk[r * L + k3_cpu_pos(i, L, kn->fp4_layout)] = xn[r * L + i];
+                const uint8_t *qs[4], *ss[4];
+                const float *xs[4];
+                for (int r = 0; r < 4; r++) {
+                    qs[r] = q + r * L / 2;
+                    ss[r] = sc + r * L / blk;
+                    xs[r] = xk + r * L;
+                }
+                /* ref[a][b]: row a against input b */
+                double ref[4][4], mag[4][4];
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) {
+                        ref[a][b] = mag[a][b] = 0;
+                        for (int64_t i = 0; i < L; i++) {
+                            double w = (double)k3_e2m1_lut[(qs[a][i / 2] >> (4 * (i & 1))) & 15] *
+                                       (nv ? k3_e4m3_lut : k3_e8m0_lut)[ss[a][i / blk]];
+                            ref[a][b] += w * xn[b * L + i];
+                            mag[a][b] += fabs(w * xn[b * L + i]);
+                        }
+                    }
+                float out[4];
+                for (int nt = 1; nt <= 4; nt++) { /* row 0 against inputs 0 .. nt-1 */
+                    for (int b = 0; b < 4; b++) out[b] = NAN;
+                    dot(qs[0], ss[0], L, xs, nt, out);
+                    for (int b = 0; b < nt; b++)
+                        if (!(fabs(out[b] - ref[0][b]) <= 1e-6 * mag[0][b] + 1e-30))
+                            fail_msg("%s %s dot K=%lld nt=%d token %d: %.9g vs %.9g", kn->name,
+                                     nv ? "nvfp4" : "mxfp4", (long long)L, nt, b, (double)out[b],
+                                     ref[0][b]);
+                    checked++;
+                }
+                for (int nr = 1; rows && nr <= 4; nr++) { /* rows 0 .. nr-1 against input 0 */
+                    for (int a = 0; a < 4; a++) out[a] = NAN;
+                    rows(qs, ss, nr, L, xs[0], out, NULL, NULL);
+                    for (int a = 0; a < nr; a++)
+                        if (!(fabs(out[a] - ref[a][0]) <= 1e-6 * mag[a][0] + 1e-30))
+                            fail_msg("%s %s rows K=%lld nr=%d row %d: %.9g vs %.9g", kn->name,
+                                     nv ? "nvfp4" : "mxfp4", (long long)L, nr, a, (double)out[a],
+                                     ref[a][0]);
+                    checked++;
+                }
+            }
+        }
+    }
+    assert_true(checked > 0);
+    free(q);
+    free(sc);
+    free(xn);
+    free(xk);
+}
+
 static int setup(void **s) {
     (void)s;
     k3_error err = {0};
@@ -561,6 +644,7 @@ int main(void) {
         cmocka_unit_test(test_ep_ranks_sum), cmocka_unit_test(test_threads_identical),
         cmocka_unit_test(test_mutations_fail), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_special_scales), cmocka_unit_test(test_situ_vector),
+        cmocka_unit_test(test_kernel_row_lengths),
     };
     return cmocka_run_group_tests_name("moe_cpu", tests, setup, teardown);
 }

@@ -1,11 +1,16 @@
 /* AVX2 + FMA row kernels (Haswell/Zen and later), compiled with function-level target
  * attributes and chosen at run time.
  *
- * 4-bit rows, one 16-element chunk = 8 bytes per step: vpmovzxbd widens them to 8 dword
- * lanes; vpermps (8 entries, low 3 bits) gives the E2M1 magnitude of the low nibble (even
- * elements) and, after a shift, of the high nibble (odd ones); the sign bit (bit 3 of each
- * nibble) is moved to bit 31 and XORed in. One NVFP4 block is one chunk, so its scale is a
- * broadcast; MXFP4 blocks span two chunks. Per token: p = wa*xa + wb*xb, acc += p*s. */
+ * 4-bit rows, 64 elements = 32 bytes per step (decode64): the low and the high nibbles of the
+ * 32 bytes (even and odd elements) each go through one vpshufb against a 16-entry table of
+ * 2 x E2M1 as signed bytes (the sign bit is part of the index, so no separate sign work), then
+ * vpmovsxbd + vcvtdq2ps turn each 8 of them into floats: 8 vectors of 8 weights in the
+ * K3_FP4_PAIRS16 order (per 16-element block the even elements, then the odd ones) for ~27
+ * vector uops, where the 16-at-a-time decode below (vpermps on the 3 magnitude bits, sign
+ * moved to bit 31 and XORed in) spends ~40. The doubled values are exact small integers; each
+ * sum is halved once at the end (exact). Elements after the last whole 64 take decode16.
+ * One NVFP4 block is one 16-element group, so its scale is a broadcast; MXFP4 blocks span two.
+ * Per token: p = wa*xa + wb*xb, acc += p*s. */
 #include "moe/cpu_kern.h"
 #include "formats/fp.h"
 
@@ -26,6 +31,38 @@ TAVX2 static inline void decode16(const uint8_t *q, __m256 mag, __m256i sign, __
     *wb = _mm256_xor_ps(mb, _mm256_castsi256_ps(sb));
 }
 
+/* 2 x E2M1 of nibble code c (sign in bit 3) as a signed byte, twice (one per 128-bit lane). */
+TAVX2 static inline __m256i e2m1x2_table(void) {
+    return _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                            0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
+
+/* The 64 weights of the 32 bytes at q, doubled: w[2g] = the even elements of 16-block g,
+ * w[2g + 1] its odd ones. Each vpmovsxbd needs its 8 bytes at the bottom of a register: one
+ * extract and one unpack per 16 bytes bring them there. (Storing the two tables' outputs and
+ * reading the 8-byte groups back was 10-20% slower: the narrow loads from a wide store stall
+ * on store forwarding.) */
+TAVX2 static inline void decode64(const uint8_t *q, __m256i tab, __m256 w[8]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    __m256i ev = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, lo4));
+    __m256i od = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4));
+    __m128i e[4], o[4];
+    e[0] = _mm256_castsi256_si128(ev);
+    e[2] = _mm256_extracti128_si256(ev, 1);
+    e[1] = _mm_unpackhi_epi64(e[0], e[0]);
+    e[3] = _mm_unpackhi_epi64(e[2], e[2]);
+    o[0] = _mm256_castsi256_si128(od);
+    o[2] = _mm256_extracti128_si256(od, 1);
+    o[1] = _mm_unpackhi_epi64(o[0], o[0]);
+    o[3] = _mm_unpackhi_epi64(o[2], o[2]);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        w[2 * g] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e[g]));
+        w[2 * g + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(o[g]));
+    }
+}
+
 TAVX2 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -36,40 +73,29 @@ TAVX2 static inline float hsum(__m256 v) {
 TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
                           const float *const *xs, int nt, float *out) {
     const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u), tab = e2m1x2_table();
     const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
-    const int shift = nvfp4 ? 4 : 5; /* chunk start -> block index */
-    if (nt == 1) {
-        const float *x = xs[0];
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int64_t c = 0;
-        for (; c + 32 <= K; c += 32) {
-            __m256 wa0, wb0, wa1, wb1;
-            decode16(q + c / 2, mag, sign, &wa0, &wb0);
-            decode16(q + c / 2 + 8, mag, sign, &wa1, &wb1);
-            __m256 s0 = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
-            __m256 s1 = _mm256_broadcast_ss(&stab[sc[(c + 16) >> shift]]);
-            __m256 p0 = _mm256_mul_ps(wa0, _mm256_loadu_ps(x + c));
-            __m256 p1 = _mm256_mul_ps(wa1, _mm256_loadu_ps(x + c + 16));
-            p0 = _mm256_fmadd_ps(wb0, _mm256_loadu_ps(x + c + 8), p0);
-            p1 = _mm256_fmadd_ps(wb1, _mm256_loadu_ps(x + c + 24), p1);
-            a0 = _mm256_fmadd_ps(p0, s0, a0);
-            a1 = _mm256_fmadd_ps(p1, s1, a1);
+    const int shift = nvfp4 ? 4 : 5; /* element index -> block index */
+    const int64_t K64 = K & ~(int64_t)63;
+    __m256 acc[K3_CPU_NT], acc2[K3_CPU_NT]; /* acc2: doubled weights (decode64) */
+    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = acc2[j] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c < K64; c += 64) {
+        __m256 w[8];
+        decode64(q + c / 2, tab, w);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m256 s = _mm256_broadcast_ss(&stab[sc[(c + 16 * g) >> shift]]);
+#pragma GCC unroll 4
+            for (int j = 0; j < K3_CPU_NT; j++) {
+                if (j >= nt) break;
+                __m256 p = _mm256_mul_ps(w[2 * g], _mm256_loadu_ps(xs[j] + c + 16 * g));
+                p = _mm256_fmadd_ps(w[2 * g + 1], _mm256_loadu_ps(xs[j] + c + 16 * g + 8), p);
+                acc2[j] = _mm256_fmadd_ps(p, s, acc2[j]);
+            }
         }
-        for (; c < K; c += 16) {
-            __m256 wa, wb;
-            decode16(q + c / 2, mag, sign, &wa, &wb);
-            __m256 s = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
-            __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(x + c));
-            p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x + c + 8), p);
-            a0 = _mm256_fmadd_ps(p, s, a0);
-        }
-        out[0] = hsum(_mm256_add_ps(a0, a1));
-        return;
     }
-    __m256 acc[K3_CPU_NT];
-    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < K; c += 16) {
+    for (; c < K; c += 16) {
         __m256 wa, wb;
         decode16(q + c / 2, mag, sign, &wa, &wb);
         __m256 s = _mm256_broadcast_ss(&stab[sc[c >> shift]]);
@@ -81,7 +107,7 @@ TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_
             acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
         }
     }
-    for (int j = 0; j < nt; j++) out[j] = hsum(acc[j]);
+    for (int j = 0; j < nt; j++) out[j] = 0.5f * hsum(acc2[j]) + hsum(acc[j]);
 }
 
 TAVX2 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
@@ -132,34 +158,51 @@ TAVX2 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot(q, sc, 0, K, xs, nt, out);
 }
 
-/* T = 1 over nr rows (a compile-time constant in each instance): each 16-element step
- * loads the activation pair once for all rows; every row stream is prefetched once per
- * 64-byte line, a whole call ahead (next), as in the AVX-512 kernel. */
+/* T = 1 over nr rows (a compile-time constant in each instance): each 64-element step
+ * decodes a row with decode64 and reads the activations from L1 for every row; every row
+ * stream is prefetched once per 64-byte line, a whole call ahead (next), as in the AVX-512
+ * kernel. */
 #define PF_BYTES 6144
 TAVX2 static inline __attribute__((always_inline)) void
 fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr, const int nvfp4,
               int64_t K, const float *x, float *out, const uint8_t *const *nq,
               const uint8_t *const *ns) {
     const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u), tab = e2m1x2_table();
     const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int shift = nvfp4 ? 4 : 5;
     const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
-    __m256 acc[K3_CPU_NR];
+    __m256 acc[K3_CPU_NR], acc2[K3_CPU_NR];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
         q[r] = qs[r];
         s[r] = scs[r];
         pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
         ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
-        acc[r] = _mm256_setzero_ps();
+        acc[r] = acc2[r] = _mm256_setzero_ps();
     }
-    for (int64_t c = 0; c < K; c += 16) {
+    const int64_t K64 = K & ~(int64_t)63;
+    int64_t c = 0;
+    for (; c < K64; c += 64) {
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            _mm_prefetch((const char *)(pq[r] + c / 2), _MM_HINT_T0);
+            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + (c >> shift)), _MM_HINT_T0);
+            __m256 w[8];
+            decode64(q[r] + c / 2, tab, w);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m256 p = _mm256_mul_ps(w[2 * g], _mm256_loadu_ps(x + c + 16 * g));
+                p = _mm256_fmadd_ps(w[2 * g + 1], _mm256_loadu_ps(x + c + 16 * g + 8), p);
+                __m256 sg = _mm256_broadcast_ss(&stab[s[r][(c + 16 * g) >> shift]]);
+                acc2[r] = _mm256_fmadd_ps(p, sg, acc2[r]);
+            }
+        }
+    }
+    for (; c < K; c += 16) {
         __m256 xa = _mm256_loadu_ps(x + c), xb = _mm256_loadu_ps(x + c + 8);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
-            if ((c & 127) == 0) _mm_prefetch((const char *)(pq[r] + c / 2), _MM_HINT_T0);
-            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + (c >> shift)), _MM_HINT_T0);
             __m256 wa, wb;
             decode16(q[r] + c / 2, mag, sign, &wa, &wb);
             __m256 p = _mm256_mul_ps(wa, xa);
@@ -168,7 +211,7 @@ fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]);
+    for (int r = 0; r < nr; r++) out[r] = 0.5f * hsum(acc2[r]) + hsum(acc[r]);
 }
 
 #define ROWS_FN(name, nv)                                                                    \
