@@ -452,9 +452,11 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
  * k_wg: the exact two-term mode (w4a16) from 32 tokens per touched expert. H200, NVFP4 K3 layer,
  * ms for k_wg (automatic) / k_wgp 48 / k_wgp 80, tenth session: T = 1024 (~18 tokens per expert)
  * 10.15 / 15.8 / 20.1; 2048 (~37) 18.25 / 17.38 / 21.5; 4096 (~73) 31.19 / 34.05 / 28.45; 8192
- * (~146) 56.33 / 61.4 / 52.06. The crossover between 18 and 37 tokens is not measured. With one
- * term k_wg won at every T (7.40 / 13.59 / 20.40 / 38.57 against the best k_wgp 13.6 / 14.10 /
- * 21.57 / 39.37 ms), so one-term modes stay there. Width: ceil(n / w) items of cost 1 (48
+ * (~146) 56.33 / 61.4 / 52.06 (one process per path in one device call; the 5% at T = 2048 is
+ * inside the process-to-process spread seen elsewhere, 8-9% at 4096 / 8192 is not). The
+ * crossover between 18 and 37 tokens is not measured. With one term k_wg won at every T (7.40 /
+ * 13.59 / 20.40 / 38.57 against the best k_wgp 13.6 / 14.10 / 21.57 / 39.37 ms), so one-term
+ * modes stay there. Width: ceil(n / w) items of cost 1 (48
  * tokens) or 1.6 (80; the measured ratio of full items was 1.67-1.70), as pick_wg does.
  * NVFP4 only: the MXFP4 k_wgp cases of test_wgmma_path have not yet passed on a device (the
  * tenth session's run was cut off after the MXFP4 64-token cases), so MXFP4 stays on k_wg unless
