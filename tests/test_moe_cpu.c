@@ -600,6 +600,54 @@ static void test_kernel_row_lengths(void **s) {
                                      ref[0][b]);
                     checked++;
                 }
+                /* float64 sums (W4A4 NVFP4, W4A8 MXFP4) on quantized activations: NVFP4
+                 * values (E2M1 x one E4M3 scale per 16) or MXFP8 values (E4M3 x one E8M0 scale
+                 * per 32). The products are exact in float, so only the double sums may round:
+                 * bound 1e-13 x sum |terms| (a float-rounded partial sum would miss it by 1e6). */
+                k3_dot64_fn dot64 = nv ? kn->nvfp4_64 : kn->mxfp4_64;
+                k3_rows64_fn rows64 = nv ? kn->nvfp4_rows64 : NULL;
+                for (int b = 0; b < 4; b++)
+                    for (int64_t i0 = 0; i0 < L; i0 += blk) {
+                        float xsc = nv ? k3_e4m3_lut[0x28 + (int)(urand() * 32)]
+                                       : k3_e8m0_lut[118 + (int)(urand() * 12)];
+                        for (int64_t i = i0; i < i0 + blk; i++) {
+                            int code = (int)(urand() * 256);
+                            float v = nv ? k3_e2m1_lut[code & 15] : k3_e4m3_lut[code & 0x7F] *
+                                                                         (code & 0x80 ? -1.0f : 1.0f);
+                            if (!nv && (code & 0x7F) == 0x7F) v = 0; /* E4M3 NaN code */
+                            xn[b * L + i] = v * xsc;
+                            xk[b * L + k3_cpu_pos(i, L, kn->fp4_layout)] = xn[b * L + i];
+                        }
+                    }
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) {
+                        ref[a][b] = mag[a][b] = 0;
+                        for (int64_t i = 0; i < L; i++) {
+                            double w = (double)k3_e2m1_lut[(qs[a][i / 2] >> (4 * (i & 1))) & 15] *
+                                       (nv ? k3_e4m3_lut : k3_e8m0_lut)[ss[a][i / blk]];
+                            ref[a][b] += w * xn[b * L + i];
+                            mag[a][b] += fabs(w * xn[b * L + i]);
+                        }
+                    }
+                double out64[4];
+                for (int nt = 1; dot64 && nt <= 4; nt++) {
+                    for (int b = 0; b < 4; b++) out64[b] = NAN;
+                    dot64(qs[0], ss[0], L, xs, nt, out64);
+                    for (int b = 0; b < nt; b++)
+                        if (!(fabs(out64[b] - ref[0][b]) <= 1e-13 * mag[0][b] + 1e-300))
+                            fail_msg("%s %s dot64 K=%lld nt=%d token %d: %.17g vs %.17g", kn->name,
+                                     nv ? "nvfp4" : "mxfp4", (long long)L, nt, b, out64[b], ref[0][b]);
+                    checked++;
+                }
+                for (int nr = 1; rows64 && nr <= 4; nr++) {
+                    for (int a = 0; a < 4; a++) out64[a] = NAN;
+                    rows64(qs, ss, nr, L, xs[0], out64, NULL, NULL);
+                    for (int a = 0; a < nr; a++)
+                        if (!(fabs(out64[a] - ref[a][0]) <= 1e-13 * mag[a][0] + 1e-300))
+                            fail_msg("%s nvfp4 rows64 K=%lld nr=%d row %d: %.17g vs %.17g", kn->name,
+                                     (long long)L, nr, a, out64[a], ref[a][0]);
+                    checked++;
+                }
                 for (int nr = 1; rows && nr <= 4; nr++) { /* rows 0 .. nr-1 against input 0 */
                     for (int a = 0; a < 4; a++) out[a] = NAN;
                     rows(qs, ss, nr, L, xs[0], out, NULL, NULL);

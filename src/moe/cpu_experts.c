@@ -66,6 +66,7 @@ typedef struct plan {
     k3_act_mode mode;
     k3_dot_fn dot;
     k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
+    k3_rows64_fn rows64; /* FC1 in W4A4, experts with one token, or NULL */
     k3_rows_fn rows;   /* experts with one token: several rows per pass, or NULL */
     k3_situ_fn situ;   /* vector SiTU for the one-token path, or NULL */
     int layout; /* k3_fp4_layout of the kernel's inputs for this format */
@@ -327,15 +328,27 @@ static void phase_fc1_pass(void *ctx, int64_t b, int64_t e, int thread) {
         int le = p->act_e[a];
         const k3_expert *E = &ex->e[le];
         int64_t r0 = p->off[a], n = p->off[a + 1] - r0;
+        const float *xr = p->xin + (int64_t)p->row_tok[r0] * p->H;
         if (n > 1) {
             prefetch_rows(nq, ns, p->gated ? 2 * mn : mn, row_bytes(&E->w1), scale_cols(&E->w1));
-            fc1_dot(p, le, r0, n, i, m);
+            (p->dot64 ? fc1_dot64 : fc1_dot)(p, le, r0, n, i, m);
+            continue;
+        }
+        if (p->dot64) { /* W4A4: float64 sums and activation, as fc1_dot64 */
+            double d1 = (double)out_scale(&E->w1) * p->in1d, vd[K3_CPU_NR];
+            double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
+            p->rows64(qs, ss, p->gated ? 2 * m : m, p->H, xr, vd, pass + 1 < n_pass ? nq : NULL,
+                      pass + 1 < n_pass ? ns : NULL);
+            for (int j = 0; j < m; j++) {
+                double g = vd[p->gated ? 2 * j : j] * d1, u = p->gated ? vd[2 * j + 1] * d3 : 0;
+                p->h[r0 * p->I + i + j] = (float)k3_act_f64(&ex->act, le, g, u);
+            }
             continue;
         }
         float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
         float v[K3_CPU_NR];
-        p->rows(qs, ss, p->gated ? 2 * m : m, p->H, p->xin + (int64_t)p->row_tok[r0] * p->H, v,
-                pass + 1 < n_pass ? nq : NULL, pass + 1 < n_pass ? ns : NULL);
+        p->rows(qs, ss, p->gated ? 2 * m : m, p->H, xr, v, pass + 1 < n_pass ? nq : NULL,
+                pass + 1 < n_pass ? ns : NULL);
         float *dst = p->h + r0 * p->I + i;
         if (run.n && (run.le != le || run.dst + run.n != dst || run.n + m > 16)) act_flush(p, &run);
         if (!run.n) {
@@ -527,6 +540,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
      * W4A16 (and its BF16/F32 banks have no 64-bit kernel) */
     if (mode == K3_MODE_W4A4 || mode == K3_MODE_W4A8)
         p.dot64 = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_64 : kern->mxfp4_64;
+    if (mode == K3_MODE_W4A4) p.rows64 = kern->nvfp4_rows64;
 
     /* Counting sort of the (token, slot) pairs by local expert. */
     int64_t TK = (int64_t)T * k;
@@ -598,7 +612,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
         int per = p.gated ? 2 : 4;
         p.fc1_passes = p.n_act * ((p.I + per - 1) / per);
         p.fc2_passes = p.n_act * ((p.H + K3_CPU_NR - 1) / K3_CPU_NR);
-        if (p.rows && !p.dot64)
+        if (p.rows && (!p.dot64 || p.rows64))
             k3_parallel_for(pool, p.fc1_passes, PASS_CHUNK, K3_SCHED_DYNAMIC, phase_fc1_pass, &p);
         else
             k3_parallel_for(pool, p.n_act * p.fc1_blocks, 1, K3_SCHED_DYNAMIC, phase_fc1, &p);

@@ -25,10 +25,12 @@
 typedef void (*k3_dot_fn)(const uint8_t *row, const uint8_t *scale_row, int64_t K,
                           const float *const *xs, int nt, float *out);
 
-/* The same for 4-bit rows with float64 accumulation across blocks (W4A4/W4A8 FC1): with
- * quantized activations each block's partial sum is exact in float, so the row sum is
- * within double rounding of the float64 emulation, and the hidden value rounds to the
- * same float before it is quantized again (a 1-ulp difference could flip an E2M1 code). */
+/* The same for 4-bit rows with float64 accumulation (W4A4/W4A8 FC1): with quantized
+ * activations every product is exact in float (and, for NVFP4 x NVFP4, every sum within a
+ * 16-block too), so the row sum is within double rounding of the float64 emulation, and the
+ * hidden value rounds to the same float before it is quantized again (a 1-ulp difference
+ * could flip an E2M1 code). What may be summed in float before the float64 sums is each
+ * kernel's argument (cpu_kern_avx512.c); test_kernel_row_lengths holds them to 1e-13. */
 typedef void (*k3_dot64_fn)(const uint8_t *row, const uint8_t *scale_row, int64_t K,
                             const float *const *xs, int nt, double *out);
 
@@ -43,6 +45,11 @@ typedef void (*k3_rows_fn)(const uint8_t *const *rows, const uint8_t *const *sca
                            int64_t K, const float *x, float *out, const uint8_t *const *next,
                            const uint8_t *const *next_scale);
 
+/* k3_rows_fn with float64 sums (W4A4 FC1 at one token per expert; see k3_dot64_fn). */
+typedef void (*k3_rows64_fn)(const uint8_t *const *rows, const uint8_t *const *scale_rows, int nr,
+                             int64_t K, const float *x, double *out, const uint8_t *const *next,
+                             const uint8_t *const *next_scale);
+
 /* SiTU over n <= 16 outputs of one expert: out = bg*tanh(g/bg)*sigmoid(g) * bl*tanh(u/bl)
  * (moe.md §1), vectorized: exp by range reduction and a polynomial, tanh(z) =
  * (1 - e^-2|z|)/(1 + e^-2|z|) or its Taylor series for |z| < 1/8; a few float ulps from
@@ -56,6 +63,7 @@ typedef struct k3_cpu_kern {
     k3_dot_fn nvfp4, mxfp4, bf16, f32;
     k3_dot64_fn nvfp4_64, mxfp4_64;
     k3_rows_fn nvfp4_rows, mxfp4_rows; /* NULL: the caller loops over rows */
+    k3_rows64_fn nvfp4_rows64;         /* W4A4; NULL: the caller takes items of dot64 */
     k3_situ_fn situ;                   /* NULL: k3_act_f32 per output */
 } k3_cpu_kern;
 

@@ -167,8 +167,10 @@ T512 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot_impl(q, sc, 0, K, xs, nt, out);
 }
 
-/* The same with float64 across blocks (W4A4/W4A8): each lane's product of an E2M1 weight
- * and a quantized activation is exact in float, so only the double sums round. */
+/* The same with float64 across blocks, MXFP4 against MXFP8 activations (W4A8, the only mode
+ * that calls mxfp4_dot64): each lane's product of an E2M1 weight and an E4M3 x E8M0 activation
+ * is exact in float and goes into the float64 sums one by one (a lane's sum of 8 could round:
+ * E4M3 magnitudes in one activation block span 2^17). */
 T512 INLINE void acc64(__m512 p, __m512d slo, __m512d shi, __m512d *lo, __m512d *hi) {
     __m256 plo = _mm512_castps512_ps256(p);
     __m256 phi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
@@ -176,11 +178,9 @@ T512 INLINE void acc64(__m512 p, __m512d slo, __m512d shi, __m512d *lo, __m512d 
     *hi = _mm512_fmadd_pd(_mm512_cvtps_pd(phi), shi, *hi);
 }
 
-T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
-                                const float *const *xs, int nt, double *out) {
+T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                             const float *const *xs, int nt, double *out) {
     const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
-    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
-    const int blk = nvfp4 ? 16 : 32;
     const int64_t K128 = K & ~(int64_t)127;
     __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
     for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm512_setzero_pd();
@@ -188,16 +188,16 @@ T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int n
     for (; c < K128; c += 128) {
         __m512 w[8];
         dec128(q + c / 2, tbl, w);
-        __m512 s = scale128(sc, c / blk, nvfp4, 0);
+        __m512 s = scale128(sc, c / 32, 0, 0);
         __m512d slo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
         __m512d shi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
         for (int j = 0; j < nt; j++)
             for (int k = 0; k < 8; k++)
                 acc64(_mm512_mul_ps(w[k], _mm512_loadu_ps(xs[j] + c + 16 * k)), slo, shi, &lo[j], &hi[j]);
     }
-    for (; c + blk <= K; c += blk) {
-        __m512d s = _mm512_set1_pd(stab[sc[c / blk]]);
-        for (int h = 0; h < blk; h += 16) {
+    for (; c + 32 <= K; c += 32) {
+        __m512d s = _mm512_set1_pd(k3_e8m0_lut[sc[c / 32]]);
+        for (int h = 0; h < 32; h += 16) {
             __m512 w = dec16(q + (c + h) / 2, tbl);
             for (int j = 0; j < nt; j++)
                 acc64(_mm512_mul_ps(w, _mm512_loadu_ps(xs[j] + c + h)), s, s, &lo[j], &hi[j]);
@@ -206,15 +206,109 @@ T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int n
     for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
 }
 
-T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                             const float *const *xs, int nt, double *out) {
-    fp4_dot64_impl(q, sc, 1, K, xs, nt, out);
+/* NVFP4 rows against NVFP4-quantized activations (W4A4, the only mode that calls nvfp4_dot64):
+ * every product in a lane of a 128-element step is s_x * c_w * c_x with E2M1 codes c and the
+ * lane's one activation block scale s_x (the 8 elements of a lane lie in one 16-block), so
+ * the lane's sum of 8 is s_x times a multiple of 1/4 of magnitude <= 288 (<= 11 bits) times
+ * s_x's <= 4 significant bits: exact in float, and so is its product with the weight block
+ * scale. Only the float64 sums across lanes and steps round, as in mxfp4_dot64's per-product
+ * sums, with 8 times fewer float64 operations. */
+T512 INLINE void w4a4_acc(__m512 ts, __m512d *lo, __m512d *hi) {
+    *lo = _mm512_add_pd(*lo, _mm512_cvtps_pd(_mm512_castps512_ps256(ts)));
+    __m256 up = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ts), 1));
+    *hi = _mm512_add_pd(*hi, _mm512_cvtps_pd(up));
 }
 
-T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
                              const float *const *xs, int nt, double *out) {
-    fp4_dot64_impl(q, sc, 0, K, xs, nt, out);
+    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
+    const int plain = scales_plain(sc, K / 16, 1);
+    const int64_t K128 = K & ~(int64_t)127;
+    __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
+    for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm512_setzero_pd();
+    int64_t c = 0;
+    for (; c < K128; c += 128) {
+        __m512 w[8];
+        dec128(q + c / 2, tbl, w);
+        __m512 s = plain ? scale128(sc, c / 16, 1, 1) : scale128(sc, c / 16, 1, 0);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++) {
+            if (j >= nt) break;
+            __m512 x[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) x[k] = _mm512_loadu_ps(xs[j] + c + 16 * k);
+            w4a4_acc(_mm512_mul_ps(dot128(w, x), s), &lo[j], &hi[j]);
+        }
+    }
+    for (; c + 16 <= K; c += 16) { /* one block per vector: single products, exact */
+        __m512 ws = _mm512_mul_ps(dec16(q + c / 2, tbl), bscale(k3_e4m3_lut, sc, c / 16));
+        for (int j = 0; j < nt; j++)
+            w4a4_acc(_mm512_mul_ps(ws, _mm512_loadu_ps(xs[j] + c)), &lo[j], &hi[j]);
+    }
+    for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
 }
+
+/* The same for one token over nr rows (k3_rows64_fn), as fp4_rows_impl: the activation vectors
+ * of a step loaded once for all rows, each row stream prefetched a whole call ahead. */
+T512 INLINE void w4a4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
+                                const int plain, int64_t K, const float *x, double *out,
+                                const uint8_t *const *nq, const uint8_t *const *ns) {
+    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
+    const uint8_t *pq[K3_CPU_NR], *ps[K3_CPU_NR];
+    __m512d lo[K3_CPU_NR], hi[K3_CPU_NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
+        ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
+        lo[r] = hi[r] = _mm512_setzero_pd();
+    }
+    const int64_t K128 = K & ~(int64_t)127;
+    int64_t c = 0;
+    for (; c < K128; c += 128) {
+        __m512 xv[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) xv[k] = _mm512_loadu_ps(x + c + 16 * k);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            _mm_prefetch((const char *)(pq[r] + c / 2), _MM_HINT_T0);
+            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + c / 16), _MM_HINT_T0);
+            __m512 w[8];
+            dec128(qs[r] + c / 2, tbl, w);
+            __m512 s = scale128(scs[r], c / 16, 1, plain);
+            w4a4_acc(_mm512_mul_ps(dot128(w, xv), s), &lo[r], &hi[r]);
+        }
+    }
+    for (; c + 16 <= K; c += 16)
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            __m512 s = bscale(k3_e4m3_lut, scs[r], c / 16);
+            __m512 ws = _mm512_mul_ps(dec16(qs[r] + c / 2, tbl), s);
+            w4a4_acc(_mm512_mul_ps(ws, _mm512_loadu_ps(x + c)), &lo[r], &hi[r]);
+        }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_pd(_mm512_add_pd(lo[r], hi[r]));
+}
+
+#define W4A4_ROWS_CASES(pl)                                                                  \
+    switch (nr) {                                                                            \
+    case 4: w4a4_rows_impl(qs, scs, 4, pl, K, x, out, nq, ns); break;                        \
+    case 3: w4a4_rows_impl(qs, scs, 3, pl, K, x, out, nq, ns); break;                        \
+    case 2: w4a4_rows_impl(qs, scs, 2, pl, K, x, out, nq, ns); break;                        \
+    default: w4a4_rows_impl(qs, scs, 1, pl, K, x, out, nq, ns); break;                       \
+    }
+
+T512 static void nvfp4_rows64(const uint8_t *const *qs, const uint8_t *const *scs, int nr,
+                              int64_t K, const float *x, double *out, const uint8_t *const *nq,
+                              const uint8_t *const *ns) {
+    int plain = 1;
+    for (int r = 0; r < nr; r++) plain &= scales_plain(scs[r], K / 16, 1);
+    if (plain) {
+        W4A4_ROWS_CASES(1)
+    } else {
+        W4A4_ROWS_CASES(0)
+    }
+}
+
 
 /* T = 1 over nr rows (nr, nvfp4 and plain are compile-time constants in each instance):
  * the 8 activation vectors of a step loaded once for all rows, one 64-byte line per row,
@@ -384,7 +478,8 @@ T512 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 const k3_cpu_kern k3_cpu_kern_avx512 = {
     .name = "avx512", .fp4_layout = K3_FP4_T128, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
-    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows, .situ = situ16,
+    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows, .nvfp4_rows64 = nvfp4_rows64,
+    .situ = situ16,
 };
 #else
 const k3_cpu_kern k3_cpu_kern_avx512 = {.name = "avx512"};
