@@ -538,6 +538,22 @@ static void test_errors(void **s) {
     free_bank(nv);
 }
 
+/* ref[a][b] = row a . natural input b in float64, mag[a][b] = sum of |terms| (L elements). */
+static void ref_dots(const uint8_t *const *qs, const uint8_t *const *ss, int nv, int64_t L,
+                     const float *xn, double ref[4][4], double mag[4][4]) {
+    const int blk = nv ? 16 : 32;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            ref[a][b] = mag[a][b] = 0;
+            for (int64_t i = 0; i < L; i++) {
+                double w = (double)k3_e2m1_lut[(qs[a][i / 2] >> (4 * (i & 1))) & 15] *
+                           (nv ? k3_e4m3_lut : k3_e8m0_lut)[ss[a][i / blk]];
+                ref[a][b] += w * xn[b * L + i];
+                mag[a][b] += fabs(w * xn[b * L + i]);
+            }
+        }
+}
+
 /* Every row kernel the CPU has (dot for 1..4 tokens, rows for 1..4 rows) against float64 on
  * row lengths with and without a tail after the kernels' wide steps (64 elements for AVX2, 128
  * for AVX-512; the operator tests above only use 192 and 256): random bytes (every code,
@@ -577,18 +593,8 @@ static void test_kernel_row_lengths(void **s) {
                     ss[r] = sc + r * L / blk;
                     xs[r] = xk + r * L;
                 }
-                /* ref[a][b]: row a against input b */
                 double ref[4][4], mag[4][4];
-                for (int a = 0; a < 4; a++)
-                    for (int b = 0; b < 4; b++) {
-                        ref[a][b] = mag[a][b] = 0;
-                        for (int64_t i = 0; i < L; i++) {
-                            double w = (double)k3_e2m1_lut[(qs[a][i / 2] >> (4 * (i & 1))) & 15] *
-                                       (nv ? k3_e4m3_lut : k3_e8m0_lut)[ss[a][i / blk]];
-                            ref[a][b] += w * xn[b * L + i];
-                            mag[a][b] += fabs(w * xn[b * L + i]);
-                        }
-                    }
+                ref_dots(qs, ss, nv, L, xn, ref, mag);
                 float out[4];
                 for (int nt = 1; nt <= 4; nt++) { /* row 0 against inputs 0 .. nt-1 */
                     for (int b = 0; b < 4; b++) out[b] = NAN;
@@ -619,16 +625,7 @@ static void test_kernel_row_lengths(void **s) {
                             xk[b * L + k3_cpu_pos(i, L, kn->fp4_layout)] = xn[b * L + i];
                         }
                     }
-                for (int a = 0; a < 4; a++)
-                    for (int b = 0; b < 4; b++) {
-                        ref[a][b] = mag[a][b] = 0;
-                        for (int64_t i = 0; i < L; i++) {
-                            double w = (double)k3_e2m1_lut[(qs[a][i / 2] >> (4 * (i & 1))) & 15] *
-                                       (nv ? k3_e4m3_lut : k3_e8m0_lut)[ss[a][i / blk]];
-                            ref[a][b] += w * xn[b * L + i];
-                            mag[a][b] += fabs(w * xn[b * L + i]);
-                        }
-                    }
+                ref_dots(qs, ss, nv, L, xn, ref, mag);
                 double out64[4];
                 for (int nt = 1; dot64 && nt <= 4; nt++) {
                     for (int b = 0; b < 4; b++) out64[b] = NAN;
