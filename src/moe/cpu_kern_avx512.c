@@ -248,79 +248,20 @@ T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
     for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
 }
 
-/* The same for one token over nr rows (k3_rows64_fn), as fp4_rows_impl: the activation vectors
- * of a step loaded once for all rows, each row stream prefetched a whole call ahead. */
-T512 INLINE void w4a4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
-                                const int plain, int64_t K, const float *x, double *out,
-                                const uint8_t *const *nq, const uint8_t *const *ns) {
-    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
-    const uint8_t *pq[K3_CPU_NR], *ps[K3_CPU_NR];
-    __m512d lo[K3_CPU_NR], hi[K3_CPU_NR];
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) {
-        pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
-        ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
-        lo[r] = hi[r] = _mm512_setzero_pd();
-    }
-    const int64_t K128 = K & ~(int64_t)127;
-    int64_t c = 0;
-    for (; c < K128; c += 128) {
-        __m512 xv[8];
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) xv[k] = _mm512_loadu_ps(x + c + 16 * k);
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) {
-            _mm_prefetch((const char *)(pq[r] + c / 2), _MM_HINT_T0);
-            if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + c / 16), _MM_HINT_T0);
-            __m512 w[8];
-            dec128(qs[r] + c / 2, tbl, w);
-            __m512 s = scale128(scs[r], c / 16, 1, plain);
-            w4a4_acc(_mm512_mul_ps(dot128(w, xv), s), &lo[r], &hi[r]);
-        }
-    }
-    for (; c + 16 <= K; c += 16)
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) {
-            __m512 s = bscale(k3_e4m3_lut, scs[r], c / 16);
-            __m512 ws = _mm512_mul_ps(dec16(qs[r] + c / 2, tbl), s);
-            w4a4_acc(_mm512_mul_ps(ws, _mm512_loadu_ps(x + c)), &lo[r], &hi[r]);
-        }
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_pd(_mm512_add_pd(lo[r], hi[r]));
-}
-
-#define W4A4_ROWS_CASES(pl)                                                                  \
-    switch (nr) {                                                                            \
-    case 4: w4a4_rows_impl(qs, scs, 4, pl, K, x, out, nq, ns); break;                        \
-    case 3: w4a4_rows_impl(qs, scs, 3, pl, K, x, out, nq, ns); break;                        \
-    case 2: w4a4_rows_impl(qs, scs, 2, pl, K, x, out, nq, ns); break;                        \
-    default: w4a4_rows_impl(qs, scs, 1, pl, K, x, out, nq, ns); break;                       \
-    }
-
-T512 static void nvfp4_rows64(const uint8_t *const *qs, const uint8_t *const *scs, int nr,
-                              int64_t K, const float *x, double *out, const uint8_t *const *nq,
-                              const uint8_t *const *ns) {
-    int plain = 1;
-    for (int r = 0; r < nr; r++) plain &= scales_plain(scs[r], K / 16, 1);
-    if (plain) {
-        W4A4_ROWS_CASES(1)
-    } else {
-        W4A4_ROWS_CASES(0)
-    }
-}
-
-
-/* T = 1 over nr rows (nr, nvfp4 and plain are compile-time constants in each instance):
+/* T = 1 over nr rows (nr, nvfp4, plain and f64 are compile-time constants in each instance):
  * the 8 activation vectors of a step loaded once for all rows, one 64-byte line per row,
- * one accumulator per row (a row's 8 FMAs per step chain, the rows interleave). */
+ * one accumulator per row (a row's 8 FMAs per step chain, the rows interleave). f64 (W4A4,
+ * NVFP4 only): the lane sums, exact in float (see nvfp4_dot64), go into float64 sums instead. */
 T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
-                               const int nvfp4, const int plain, int64_t K, const float *x,
-                               float *out, const uint8_t *const *nq, const uint8_t *const *ns) {
+                               const int nvfp4, const int plain, const int f64, int64_t K,
+                               const float *x, float *out, double *out64,
+                               const uint8_t *const *nq, const uint8_t *const *ns) {
     const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
     const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int blk = nvfp4 ? 16 : 32;
     const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
     __m512 acc[K3_CPU_NR];
+    __m512d lo[K3_CPU_NR], hi[K3_CPU_NR];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
         q[r] = qs[r];
@@ -329,6 +270,7 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
         pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
         ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
         acc[r] = _mm512_setzero_ps();
+        lo[r] = hi[r] = _mm512_setzero_pd();
     }
     const int64_t K128 = K & ~(int64_t)127;
     int64_t c = 0;
@@ -342,43 +284,62 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
             if ((c & 511) == 0) _mm_prefetch((const char *)(ps[r] + c / blk), _MM_HINT_T0);
             __m512 w[8];
             dec128(q[r] + c / 2, tbl, w);
-            acc[r] = _mm512_fmadd_ps(dot128(w, xv), scale128(s[r], c / blk, nvfp4, plain), acc[r]);
+            __m512 sv = scale128(s[r], c / blk, nvfp4, plain);
+            if (f64)
+                w4a4_acc(_mm512_mul_ps(dot128(w, xv), sv), &lo[r], &hi[r]);
+            else
+                acc[r] = _mm512_fmadd_ps(dot128(w, xv), sv, acc[r]);
         }
     }
     for (; c + blk <= K; c += blk) {
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
+            __m512 sv = bscale(stab, s[r], c / blk);
+            if (f64) { /* NVFP4: one block, single products */
+                __m512 ws = _mm512_mul_ps(dec16(q[r] + c / 2, tbl), sv);
+                w4a4_acc(_mm512_mul_ps(ws, _mm512_loadu_ps(x + c)), &lo[r], &hi[r]);
+                continue;
+            }
             __m512 p = _mm512_mul_ps(dec16(q[r] + c / 2, tbl), _mm512_loadu_ps(x + c));
             if (!nvfp4) p = _mm512_fmadd_ps(dec16(q[r] + c / 2 + 8, tbl), _mm512_loadu_ps(x + c + 16), p);
-            acc[r] = _mm512_fmadd_ps(p, bscale(stab, s[r], c / blk), acc[r]);
+            acc[r] = _mm512_fmadd_ps(p, sv, acc[r]);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < nr; r++) {
+        if (f64)
+            out64[r] = _mm512_reduce_add_pd(_mm512_add_pd(lo[r], hi[r]));
+        else
+            out[r] = _mm512_reduce_add_ps(acc[r]);
+    }
 }
 
-#define ROWS_CASES(nv, pl)                                                                   \
+#define ROWS_CASES(nv, pl, f64, o, o64)                                                      \
     switch (nr) {                                                                            \
-    case 4: fp4_rows_impl(qs, scs, 4, nv, pl, K, x, out, nq, ns); break;                     \
-    case 3: fp4_rows_impl(qs, scs, 3, nv, pl, K, x, out, nq, ns); break;                     \
-    case 2: fp4_rows_impl(qs, scs, 2, nv, pl, K, x, out, nq, ns); break;                     \
-    default: fp4_rows_impl(qs, scs, 1, nv, pl, K, x, out, nq, ns); break;                    \
+    case 4: fp4_rows_impl(qs, scs, 4, nv, pl, f64, K, x, o, o64, nq, ns); break;             \
+    case 3: fp4_rows_impl(qs, scs, 3, nv, pl, f64, K, x, o, o64, nq, ns); break;             \
+    case 2: fp4_rows_impl(qs, scs, 2, nv, pl, f64, K, x, o, o64, nq, ns); break;             \
+    default: fp4_rows_impl(qs, scs, 1, nv, pl, f64, K, x, o, o64, nq, ns); break;            \
     }
 
-#define ROWS_FN(name, nv)                                                                    \
+/* k3_rows_fn (f64 = 0, float out) or k3_rows64_fn (f64 = 1, double out, NVFP4 only). */
+#define ROWS_FN(name, nv, f64, otype)                                                        \
     T512 static void name(const uint8_t *const *qs, const uint8_t *const *scs, int nr,       \
-                          int64_t K, const float *x, float *out, const uint8_t *const *nq,   \
+                          int64_t K, const float *x, otype *out, const uint8_t *const *nq,   \
                           const uint8_t *const *ns) {                                        \
+        float *of = f64 ? NULL : (float *)(void *)out;                                       \
+        double *od = f64 ? (double *)(void *)out : NULL;                                     \
         int plain = 1;                                                                       \
         for (int r = 0; r < nr; r++) plain &= scales_plain(scs[r], K / (nv ? 16 : 32), nv);  \
         if (plain) {                                                                         \
-            ROWS_CASES(nv, 1)                                                                \
+            ROWS_CASES(nv, 1, f64, of, od)                                                   \
         } else {                                                                             \
-            ROWS_CASES(nv, 0)                                                                \
+            ROWS_CASES(nv, 0, f64, of, od)                                                   \
         }                                                                                    \
     }
-ROWS_FN(nvfp4_rows, 1)
-ROWS_FN(mxfp4_rows, 0)
+ROWS_FN(nvfp4_rows, 1, 0, float)
+ROWS_FN(mxfp4_rows, 0, 0, float)
+ROWS_FN(nvfp4_rows64, 1, 1, double)
 
 /* ---- SiTU (cpu_kern.h, k3_situ_fn) ---------------------------------------------------- */
 
