@@ -665,6 +665,46 @@ static void test_kernel_row_lengths(void **s) {
     free(xk);
 }
 
+/* The float64 kernels on the one MXFP8 lane whose float sum of 8 would round: 7 products of
+ * 6 x 448 and one of 0.5 x 2^-9 (E4M3's smallest) in elements 0..7 of a 128-element row (one
+ * lane of the AVX-512 step, one pair of AVX2's, one block), scales 1: the sum, 18816 + 2^-10,
+ * needs 25 bits. Every kernel must return it exactly. */
+static void test_kernel_float64_extreme_lane(void **s) {
+    (void)s;
+    static const k3_cpu_isa isas[] = {K3_ISA_SCALAR, K3_ISA_AVX2, K3_ISA_AVX512};
+    static const k3_cpu_kern *kerns[] = {&k3_cpu_kern_scalar, &k3_cpu_kern_avx2,
+                                         &k3_cpu_kern_avx512};
+    enum { L = 128 };
+    uint8_t q[L / 2] = {0}, sc[L / 16];
+    float xn[L] = {0}, xk[L];
+    for (int i = 0; i < 7; i++) {
+        q[i / 2] |= (uint8_t)(7 << (4 * (i & 1))); /* E2M1 6.0 */
+        xn[i] = 448.0f;
+    }
+    q[3] |= 1 << 4; /* element 7: E2M1 0.5 */
+    xn[7] = 0x1p-9f;
+    const double want = 7.0 * 6.0 * 448.0 + 0x1p-10;
+    int checked = 0;
+    for (int ki = 0; ki < 3; ki++) {
+        if (!k3_cpu_isa_available(isas[ki])) continue;
+        const k3_cpu_kern *kn = kerns[ki];
+        for (int i = 0; i < L; i++) xk[k3_cpu_pos(i, L, kn->fp4_layout)] = xn[i];
+        const uint8_t *qs[1] = {q}, *ss[1] = {sc};
+        const float *xs[1] = {xk};
+        double out = NAN;
+        memset(sc, 127, sizeof sc); /* E8M0 2^0 */
+        kn->mxfp4_64(q, sc, L, xs, 1, &out);
+        if (out != want) fail_msg("%s mxfp4_dot64: %.17g, want %.17g", kn->name, out, want);
+        if (kn->mxfp4_rows64) {
+            out = NAN;
+            kn->mxfp4_rows64(qs, ss, 1, L, xk, &out, NULL, NULL);
+            if (out != want) fail_msg("%s mxfp4_rows64: %.17g, want %.17g", kn->name, out, want);
+        }
+        checked++;
+    }
+    assert_true(checked > 0);
+}
+
 static int setup(void **s) {
     (void)s;
     k3_error err = {0};
@@ -690,6 +730,7 @@ int main(void) {
         cmocka_unit_test(test_mutations_fail), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_special_scales), cmocka_unit_test(test_situ_vector),
         cmocka_unit_test(test_kernel_row_lengths),
+        cmocka_unit_test(test_kernel_float64_extreme_lane),
     };
     return cmocka_run_group_tests_name("moe_cpu", tests, setup, teardown);
 }

@@ -66,7 +66,7 @@ typedef struct plan {
     k3_act_mode mode;
     k3_dot_fn dot;
     k3_dot64_fn dot64; /* FC1 in W4A4/W4A8 */
-    k3_rows64_fn rows64; /* FC1 in W4A4, experts with one token, or NULL */
+    k3_rows64_fn rows64; /* FC1 in W4A4/W4A8, experts with one token, or NULL */
     k3_rows_fn rows;   /* experts with one token: several rows per pass, or NULL */
     k3_situ_fn situ;   /* vector SiTU for the one-token path, or NULL */
     int layout; /* k3_fp4_layout of the kernel's inputs for this format */
@@ -334,7 +334,7 @@ static void phase_fc1_pass(void *ctx, int64_t b, int64_t e, int thread) {
             (p->dot64 ? fc1_dot64 : fc1_dot)(p, le, r0, n, i, m);
             continue;
         }
-        if (p->dot64) { /* W4A4: float64 sums and activation, as fc1_dot64 */
+        if (p->dot64) { /* W4A4 / W4A8: float64 sums and activation, as fc1_dot64 */
             double d1 = (double)out_scale(&E->w1) * p->in1d, vd[K3_CPU_NR];
             double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
             p->rows64(qs, ss, p->gated ? 2 * m : m, p->H, xr, vd, pass + 1 < n_pass ? nq : NULL,
@@ -540,7 +540,7 @@ int k3_moe_experts_cpu_isa(const k3_experts *ex, k3_act_mode mode, const float *
      * W4A16 (and its BF16/F32 banks have no 64-bit kernel) */
     if (mode == K3_MODE_W4A4 || mode == K3_MODE_W4A8)
         p.dot64 = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_64 : kern->mxfp4_64;
-    if (mode == K3_MODE_W4A4) p.rows64 = kern->nvfp4_rows64;
+    if (p.dot64) p.rows64 = fmt == K3_WFMT_NVFP4 ? kern->nvfp4_rows64 : kern->mxfp4_rows64;
 
     /* Counting sort of the (token, slot) pairs by local expert. */
     int64_t TK = (int64_t)T * k;

@@ -45,7 +45,7 @@ typedef void (*k3_rows_fn)(const uint8_t *const *rows, const uint8_t *const *sca
                            int64_t K, const float *x, float *out, const uint8_t *const *next,
                            const uint8_t *const *next_scale);
 
-/* k3_rows_fn with float64 sums (W4A4 FC1 at one token per expert; see k3_dot64_fn). */
+/* k3_rows_fn with float64 sums (W4A4 / W4A8 FC1 at one token per expert; see k3_dot64_fn). */
 typedef void (*k3_rows64_fn)(const uint8_t *const *rows, const uint8_t *const *scale_rows, int nr,
                              int64_t K, const float *x, double *out, const uint8_t *const *next,
                              const uint8_t *const *next_scale);
@@ -63,7 +63,7 @@ typedef struct k3_cpu_kern {
     k3_dot_fn nvfp4, mxfp4, bf16, f32;
     k3_dot64_fn nvfp4_64, mxfp4_64;
     k3_rows_fn nvfp4_rows, mxfp4_rows; /* NULL: the caller loops over rows */
-    k3_rows64_fn nvfp4_rows64;         /* W4A4; NULL: the caller takes items of dot64 */
+    k3_rows64_fn nvfp4_rows64, mxfp4_rows64; /* NULL: the caller takes items of dot64 */
     k3_situ_fn situ;                   /* NULL: k3_act_f32 per output */
 } k3_cpu_kern;
 

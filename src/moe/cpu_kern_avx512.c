@@ -167,62 +167,48 @@ T512 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot_impl(q, sc, 0, K, xs, nt, out);
 }
 
-/* The same with float64 across blocks, MXFP4 against MXFP8 activations (W4A8, the only mode
- * that calls mxfp4_dot64): each lane's product of an E2M1 weight and an E4M3 x E8M0 activation
- * is exact in float and goes into the float64 sums one by one (a lane's sum of 8 could round:
- * E4M3 magnitudes in one activation block span 2^17). */
-T512 INLINE void acc64(__m512 p, __m512d slo, __m512d shi, __m512d *lo, __m512d *hi) {
-    __m256 plo = _mm512_castps512_ps256(p);
-    __m256 phi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
-    *lo = _mm512_fmadd_pd(_mm512_cvtps_pd(plo), slo, *lo);
-    *hi = _mm512_fmadd_pd(_mm512_cvtps_pd(phi), shi, *hi);
-}
+/* ---- float64 sums (k3_dot64_fn, k3_rows64_fn): W4A4 and W4A8 FC1 ------------------------ */
 
-T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                             const float *const *xs, int nt, double *out) {
-    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
-    const int64_t K128 = K & ~(int64_t)127;
-    __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
-    for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm512_setzero_pd();
-    int64_t c = 0;
-    for (; c < K128; c += 128) {
-        __m512 w[8];
-        dec128(q + c / 2, tbl, w);
-        __m512 s = scale128(sc, c / 32, 0, 0);
-        __m512d slo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
-        __m512d shi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-        for (int j = 0; j < nt; j++)
-            for (int k = 0; k < 8; k++)
-                acc64(_mm512_mul_ps(w[k], _mm512_loadu_ps(xs[j] + c + 16 * k)), slo, shi, &lo[j], &hi[j]);
-    }
-    for (; c + 32 <= K; c += 32) {
-        __m512d s = _mm512_set1_pd(k3_e8m0_lut[sc[c / 32]]);
-        for (int h = 0; h < 32; h += 16) {
-            __m512 w = dec16(q + (c + h) / 2, tbl);
-            for (int j = 0; j < nt; j++)
-                acc64(_mm512_mul_ps(w, _mm512_loadu_ps(xs[j] + c + h)), s, s, &lo[j], &hi[j]);
-        }
-    }
-    for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
-}
-
-/* NVFP4 rows against NVFP4-quantized activations (W4A4, the only mode that calls nvfp4_dot64):
- * every product in a lane of a 128-element step is s_x * c_w * c_x with E2M1 codes c and the
- * lane's one activation block scale s_x (the 8 elements of a lane lie in one 16-block), so
- * the lane's sum of 8 is s_x times a multiple of 1/4 of magnitude <= 288 (<= 11 bits) times
- * s_x's <= 4 significant bits: exact in float, and so is its product with the weight block
- * scale. Only the float64 sums across lanes and steps round, as in mxfp4_dot64's per-product
- * sums, with 8 times fewer float64 operations. */
-T512 INLINE void w4a4_acc(__m512 ts, __m512d *lo, __m512d *hi) {
+/* With quantized activations a lane's partial sums are exact in float, so only the float64
+ * sums across lanes and steps round (cpu_kern.h says why that matters):
+ *  - W4A4 (NVFP4 x NVFP4): every product in a lane of a 128-element step is s_x c_w c_x with
+ *    E2M1 codes c and the lane's one activation block scale s_x (its 8 elements lie in one
+ *    16-block), so the lane's sum of 8 is s_x times a multiple of 1/4 below 288 (11 bits), s_x
+ *    has <= 4 significant bits: exact, and so is its product with the weight block scale;
+ *  - W4A8 (MXFP4 x MXFP8): a product is 2^e 2^-10 times an integer below 6 x 448 x 2^10 <
+ *    2^21.4 (E2M1 x E4M3 with one E8M0 scale per 32 on each side), so sums of 4 stay below
+ *    2^24 and are exact, sums of 8 could round: the lane is summed in two halves.
+ * Either way 4 to 8 times fewer float64 operations than adding every product on its own. */
+T512 INLINE void acc64(__m512 ts, __m512d *lo, __m512d *hi) {
     *lo = _mm512_add_pd(*lo, _mm512_cvtps_pd(_mm512_castps512_ps256(ts)));
     __m256 up = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ts), 1));
     *hi = _mm512_add_pd(*hi, _mm512_cvtps_pd(up));
 }
 
-T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                             const float *const *xs, int nt, double *out) {
+/* One 128-element step of one row against one token's 8 activation vectors into float64 sums:
+ * the lane sums (whole for NVFP4, two halves for MXFP4) times the lanes' block scales s. */
+T512 INLINE void step64(const __m512 *w, const __m512 *x, __m512 s, const int nvfp4, __m512d *lo,
+                        __m512d *hi) {
+    if (nvfp4) {
+        acc64(_mm512_mul_ps(dot128(w, x), s), lo, hi);
+        return;
+    }
+    __m512 t0 = _mm512_mul_ps(w[0], x[0]), t1 = _mm512_mul_ps(w[4], x[4]);
+#pragma GCC unroll 3
+    for (int k = 1; k < 4; k++) {
+        t0 = _mm512_fmadd_ps(w[k], x[k], t0);
+        t1 = _mm512_fmadd_ps(w[k + 4], x[k + 4], t1);
+    }
+    acc64(_mm512_mul_ps(t0, s), lo, hi);
+    acc64(_mm512_mul_ps(t1, s), lo, hi);
+}
+
+T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
+                                const float *const *xs, int nt, double *out) {
     const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
-    const int plain = scales_plain(sc, K / 16, 1);
+    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
+    const int blk = nvfp4 ? 16 : 32;
+    const int plain = scales_plain(sc, K / blk, nvfp4);
     const int64_t K128 = K & ~(int64_t)127;
     __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
     for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm512_setzero_pd();
@@ -230,28 +216,38 @@ T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
     for (; c < K128; c += 128) {
         __m512 w[8];
         dec128(q + c / 2, tbl, w);
-        __m512 s = plain ? scale128(sc, c / 16, 1, 1) : scale128(sc, c / 16, 1, 0);
+        __m512 s = plain ? scale128(sc, c / blk, nvfp4, 1) : scale128(sc, c / blk, nvfp4, 0);
 #pragma GCC unroll 4
         for (int j = 0; j < K3_CPU_NT; j++) {
             if (j >= nt) break;
             __m512 x[8];
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) x[k] = _mm512_loadu_ps(xs[j] + c + 16 * k);
-            w4a4_acc(_mm512_mul_ps(dot128(w, x), s), &lo[j], &hi[j]);
+            step64(w, x, s, nvfp4, &lo[j], &hi[j]);
         }
     }
     for (; c + 16 <= K; c += 16) { /* one block per vector: single products, exact */
-        __m512 ws = _mm512_mul_ps(dec16(q + c / 2, tbl), bscale(k3_e4m3_lut, sc, c / 16));
+        __m512 ws = _mm512_mul_ps(dec16(q + c / 2, tbl), bscale(stab, sc, c / blk));
         for (int j = 0; j < nt; j++)
-            w4a4_acc(_mm512_mul_ps(ws, _mm512_loadu_ps(xs[j] + c)), &lo[j], &hi[j]);
+            acc64(_mm512_mul_ps(ws, _mm512_loadu_ps(xs[j] + c)), &lo[j], &hi[j]);
     }
     for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
 }
 
+T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                             const float *const *xs, int nt, double *out) {
+    fp4_dot64_impl(q, sc, 1, K, xs, nt, out);
+}
+
+T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                             const float *const *xs, int nt, double *out) {
+    fp4_dot64_impl(q, sc, 0, K, xs, nt, out);
+}
+
 /* T = 1 over nr rows (nr, nvfp4, plain and f64 are compile-time constants in each instance):
  * the 8 activation vectors of a step loaded once for all rows, one 64-byte line per row,
- * one accumulator per row (a row's 8 FMAs per step chain, the rows interleave). f64 (W4A4,
- * NVFP4 only): the lane sums, exact in float (see nvfp4_dot64), go into float64 sums instead. */
+ * one accumulator per row (a row's 8 FMAs per step chain, the rows interleave). f64 (W4A4 /
+ * W4A8): the lane sums go into float64 sums instead (step64). */
 T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
                                const int nvfp4, const int plain, const int f64, int64_t K,
                                const float *x, float *out, double *out64,
@@ -286,7 +282,7 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
             dec128(q[r] + c / 2, tbl, w);
             __m512 sv = scale128(s[r], c / blk, nvfp4, plain);
             if (f64)
-                w4a4_acc(_mm512_mul_ps(dot128(w, xv), sv), &lo[r], &hi[r]);
+                step64(w, xv, sv, nvfp4, &lo[r], &hi[r]);
             else
                 acc[r] = _mm512_fmadd_ps(dot128(w, xv), sv, acc[r]);
         }
@@ -295,9 +291,11 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             __m512 sv = bscale(stab, s[r], c / blk);
-            if (f64) { /* NVFP4: one block, single products */
-                __m512 ws = _mm512_mul_ps(dec16(q[r] + c / 2, tbl), sv);
-                w4a4_acc(_mm512_mul_ps(ws, _mm512_loadu_ps(x + c)), &lo[r], &hi[r]);
+            if (f64) { /* single products, exact */
+                for (int h = 0; h < blk; h += 16) {
+                    __m512 ws = _mm512_mul_ps(dec16(q[r] + (c + h) / 2, tbl), sv);
+                    acc64(_mm512_mul_ps(ws, _mm512_loadu_ps(x + c + h)), &lo[r], &hi[r]);
+                }
                 continue;
             }
             __m512 p = _mm512_mul_ps(dec16(q[r] + c / 2, tbl), _mm512_loadu_ps(x + c));
@@ -322,7 +320,7 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
     default: fp4_rows_impl(qs, scs, 1, nv, pl, f64, K, x, o, o64, nq, ns); break;            \
     }
 
-/* k3_rows_fn (f64 = 0, float out) or k3_rows64_fn (f64 = 1, double out, NVFP4 only). */
+/* k3_rows_fn (f64 = 0, float out) or k3_rows64_fn (f64 = 1, double out). */
 #define ROWS_FN(name, nv, f64, otype)                                                        \
     T512 static void name(const uint8_t *const *qs, const uint8_t *const *scs, int nr,       \
                           int64_t K, const float *x, otype *out, const uint8_t *const *nq,   \
@@ -340,6 +338,7 @@ T512 INLINE void fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *s
 ROWS_FN(nvfp4_rows, 1, 0, float)
 ROWS_FN(mxfp4_rows, 0, 0, float)
 ROWS_FN(nvfp4_rows64, 1, 1, double)
+ROWS_FN(mxfp4_rows64, 0, 1, double)
 
 /* ---- SiTU (cpu_kern.h, k3_situ_fn) ---------------------------------------------------- */
 
@@ -440,6 +439,7 @@ const k3_cpu_kern k3_cpu_kern_avx512 = {
     .name = "avx512", .fp4_layout = K3_FP4_T128, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
     .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows, .nvfp4_rows64 = nvfp4_rows64,
+    .mxfp4_rows64 = mxfp4_rows64,
     .situ = situ16,
 };
 #else

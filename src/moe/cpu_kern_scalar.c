@@ -27,6 +27,8 @@ static void fp4_dot(const uint8_t *q, const uint8_t *sc, const float *stab, int 
     for (int j = 0; j < nt; j++) out[j] = acc[j];
 }
 
+/* Every product (exact in float: E2M1 x a quantized activation) goes into the float64 sum on
+ * its own: a float sum over a 32-element MXFP8 block could round (cpu_kern_avx512.c). */
 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, const float *stab, int block,
                       int64_t K, const float *const *xs, int nt, double *out) {
     double acc[K3_CPU_NT] = {0};
@@ -34,13 +36,13 @@ static void fp4_dot64(const uint8_t *q, const uint8_t *sc, const float *stab, in
         double s = stab[sc[b0 / block]];
         for (int j = 0; j < nt; j++) {
             const float *x = xs[j] + b0;
-            float p = 0.0f;
+            double p = 0.0;
             for (int i = 0; i < block; i += 2) {
                 uint8_t byte = q[(b0 + i) / 2];
-                p += k3_e2m1_lut[byte & 15] * x[i];
-                p += k3_e2m1_lut[byte >> 4] * x[i + 1];
+                p += (double)(k3_e2m1_lut[byte & 15] * x[i]);
+                p += (double)(k3_e2m1_lut[byte >> 4] * x[i + 1]);
             }
-            acc[j] += (double)p * s;
+            acc[j] += p * s;
         }
     }
     for (int j = 0; j < nt; j++) out[j] = acc[j];
