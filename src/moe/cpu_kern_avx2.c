@@ -158,21 +158,35 @@ TAVX2 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
     fp4_dot(q, sc, 0, K, xs, nt, out);
 }
 
-/* T = 1 over nr rows (a compile-time constant in each instance): each 64-element step
+TAVX2 static inline void acc64(__m256 p, __m256d *lo, __m256d *hi) {
+    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+}
+
+TAVX2 static inline double hsum64(__m256d lo, __m256d hi) {
+    __m256d v = _mm256_add_pd(lo, hi);
+    __m128d h2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h2, _mm_unpackhi_pd(h2, h2)));
+}
+
+/* T = 1 over nr rows (nr, nvfp4 and f64 compile-time in each instance): each 64-element step
  * decodes a row with decode64 and reads the activations from L1 for every row; every row
  * stream is prefetched once per 64-byte line, a whole call ahead (next), as in the AVX-512
- * kernel. */
+ * kernel. f64 (W4A4 / W4A8, k3_rows64_fn): each lane's pair sum, exact in float with quantized
+ * activations (two products, see fp4_dot64), times the block scale (exact) goes into float64
+ * sums; decode64's doubled pairs into their own sums, halved at the end. */
 #define PF_BYTES 6144
 TAVX2 static inline __attribute__((always_inline)) void
 fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr, const int nvfp4,
-              int64_t K, const float *x, float *out, const uint8_t *const *nq,
-              const uint8_t *const *ns) {
+              const int f64, int64_t K, const float *x, float *out, double *out64,
+              const uint8_t *const *nq, const uint8_t *const *ns) {
     const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u), tab = e2m1x2_table();
     const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int shift = nvfp4 ? 4 : 5;
     const uint8_t *q[K3_CPU_NR], *s[K3_CPU_NR], *pq[K3_CPU_NR], *ps[K3_CPU_NR];
     __m256 acc[K3_CPU_NR], acc2[K3_CPU_NR];
+    __m256d lo[K3_CPU_NR], hi[K3_CPU_NR], lo2[K3_CPU_NR], hi2[K3_CPU_NR];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
         q[r] = qs[r];
@@ -180,6 +194,7 @@ fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
         pq[r] = nq && nq[r] ? nq[r] : qs[r] + PF_BYTES;
         ps[r] = ns && ns[r] ? ns[r] : scs[r] + PF_BYTES / 8;
         acc[r] = acc2[r] = _mm256_setzero_ps();
+        lo[r] = hi[r] = lo2[r] = hi2[r] = _mm256_setzero_pd();
     }
     const int64_t K64 = K & ~(int64_t)63;
     int64_t c = 0;
@@ -195,7 +210,10 @@ fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
                 __m256 p = _mm256_mul_ps(w[2 * g], _mm256_loadu_ps(x + c + 16 * g));
                 p = _mm256_fmadd_ps(w[2 * g + 1], _mm256_loadu_ps(x + c + 16 * g + 8), p);
                 __m256 sg = _mm256_broadcast_ss(&stab[s[r][(c + 16 * g) >> shift]]);
-                acc2[r] = _mm256_fmadd_ps(p, sg, acc2[r]);
+                if (f64)
+                    acc64(_mm256_mul_ps(p, sg), &lo2[r], &hi2[r]);
+                else
+                    acc2[r] = _mm256_fmadd_ps(p, sg, acc2[r]);
             }
         }
     }
@@ -207,26 +225,40 @@ fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
             decode16(q[r] + c / 2, mag, sign, &wa, &wb);
             __m256 p = _mm256_mul_ps(wa, xa);
             p = _mm256_fmadd_ps(wb, xb, p);
-            acc[r] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&stab[s[r][c >> shift]]), acc[r]);
+            __m256 sg = _mm256_broadcast_ss(&stab[s[r][c >> shift]]);
+            if (f64)
+                acc64(_mm256_mul_ps(p, sg), &lo[r], &hi[r]);
+            else
+                acc[r] = _mm256_fmadd_ps(p, sg, acc[r]);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) out[r] = 0.5f * hsum(acc2[r]) + hsum(acc[r]);
+    for (int r = 0; r < nr; r++) {
+        if (f64)
+            out64[r] = 0.5 * hsum64(lo2[r], hi2[r]) + hsum64(lo[r], hi[r]);
+        else
+            out[r] = 0.5f * hsum(acc2[r]) + hsum(acc[r]);
+    }
 }
 
-#define ROWS_FN(name, nv)                                                                    \
+/* k3_rows_fn (f64 = 0, float out) or k3_rows64_fn (f64 = 1, double out). */
+#define ROWS_FN(name, nv, f64, otype)                                                        \
     TAVX2 static void name(const uint8_t *const *qs, const uint8_t *const *scs, int nr,      \
-                           int64_t K, const float *x, float *out, const uint8_t *const *nq,  \
+                           int64_t K, const float *x, otype *out, const uint8_t *const *nq,  \
                            const uint8_t *const *ns) {                                       \
+        float *of = f64 ? NULL : (float *)(void *)out;                                       \
+        double *od = f64 ? (double *)(void *)out : NULL;                                     \
         switch (nr) {                                                                        \
-        case 4: fp4_rows_impl(qs, scs, 4, nv, K, x, out, nq, ns); break;                     \
-        case 3: fp4_rows_impl(qs, scs, 3, nv, K, x, out, nq, ns); break;                     \
-        case 2: fp4_rows_impl(qs, scs, 2, nv, K, x, out, nq, ns); break;                     \
-        default: fp4_rows_impl(qs, scs, 1, nv, K, x, out, nq, ns); break;                    \
+        case 4: fp4_rows_impl(qs, scs, 4, nv, f64, K, x, of, od, nq, ns); break;             \
+        case 3: fp4_rows_impl(qs, scs, 3, nv, f64, K, x, of, od, nq, ns); break;             \
+        case 2: fp4_rows_impl(qs, scs, 2, nv, f64, K, x, of, od, nq, ns); break;             \
+        default: fp4_rows_impl(qs, scs, 1, nv, f64, K, x, of, od, nq, ns); break;            \
         }                                                                                    \
     }
-ROWS_FN(nvfp4_rows, 1)
-ROWS_FN(mxfp4_rows, 0)
+ROWS_FN(nvfp4_rows, 1, 0, float)
+ROWS_FN(mxfp4_rows, 0, 0, float)
+ROWS_FN(nvfp4_rows64, 1, 1, double)
+ROWS_FN(mxfp4_rows64, 0, 1, double)
 
 TAVX2 static void bf16_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
                            const float *const *xs, int nt, float *out) {
@@ -275,7 +307,8 @@ TAVX2 static void f32_dot(const uint8_t *row, const uint8_t *sc, int64_t K,
 const k3_cpu_kern k3_cpu_kern_avx2 = {
     .name = "avx2", .fp4_layout = K3_FP4_PAIRS16, .nvfp4 = nvfp4_dot, .mxfp4 = mxfp4_dot,
     .bf16 = bf16_dot, .f32 = f32_dot, .nvfp4_64 = nvfp4_dot64, .mxfp4_64 = mxfp4_dot64,
-    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows,
+    .nvfp4_rows = nvfp4_rows, .mxfp4_rows = mxfp4_rows, .nvfp4_rows64 = nvfp4_rows64,
+    .mxfp4_rows64 = mxfp4_rows64,
 };
 #else
 const k3_cpu_kern k3_cpu_kern_avx2 = {.name = "avx2"};
