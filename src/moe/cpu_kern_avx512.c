@@ -116,57 +116,6 @@ T512 INLINE __m512 scale128(const uint8_t *sc, int64_t b0, const int nvfp4, cons
     return _mm512_loadu_ps(f);
 }
 
-/* Up to K3_CPU_NT tokens against one row; nvfp4 is a compile-time constant in each
- * wrapper. Rows of both formats are whole blocks (validated by the caller). */
-T512 INLINE void fp4_dot_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
-                              const float *const *xs, int nt, float *out) {
-    const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
-    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
-    const int blk = nvfp4 ? 16 : 32;
-    const int plain = scales_plain(sc, K / blk, nvfp4);
-    const int64_t K128 = K & ~(int64_t)127;
-    __m512 acc[K3_CPU_NT];
-    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = _mm512_setzero_ps();
-    int64_t c = 0;
-    for (; c < K128; c += 128) {
-        _mm_prefetch((const char *)(q + c / 2 + PF_BYTES), _MM_HINT_T0);
-        __m512 w[8];
-        dec128(q + c / 2, tbl, w);
-        __m512 s = plain ? scale128(sc, c / blk, nvfp4, 1) : scale128(sc, c / blk, nvfp4, 0);
-#pragma GCC unroll 4
-        for (int j = 0; j < K3_CPU_NT; j++) {
-            if (j >= nt) break;
-            __m512 x[8];
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) x[k] = _mm512_loadu_ps(xs[j] + c + 16 * k);
-            acc[j] = _mm512_fmadd_ps(dot128(w, x), s, acc[j]);
-        }
-    }
-    for (; c + blk <= K; c += blk) {
-        __m512 s = bscale(stab, sc, c / blk);
-        __m512 w0 = dec16(q + c / 2, tbl);
-        __m512 w1 = nvfp4 ? w0 : dec16(q + c / 2 + 8, tbl);
-#pragma GCC unroll 4
-        for (int j = 0; j < K3_CPU_NT; j++) {
-            if (j >= nt) break;
-            __m512 p = _mm512_mul_ps(w0, _mm512_loadu_ps(xs[j] + c));
-            if (!nvfp4) p = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs[j] + c + 16), p);
-            acc[j] = _mm512_fmadd_ps(p, s, acc[j]);
-        }
-    }
-    for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
-}
-
-T512 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
-                           const float *const *xs, int nt, float *out) {
-    fp4_dot_impl(q, sc, 1, K, xs, nt, out);
-}
-
-T512 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
-                           const float *const *xs, int nt, float *out) {
-    fp4_dot_impl(q, sc, 0, K, xs, nt, out);
-}
-
 /* ---- float64 sums (k3_dot64_fn, k3_rows64_fn): W4A4 and W4A8 FC1 ------------------------ */
 
 /* With quantized activations a lane's partial sums are exact in float, so only the float64
@@ -203,17 +152,26 @@ T512 INLINE void step64(const __m512 *w, const __m512 *x, __m512 s, const int nv
     acc64(_mm512_mul_ps(t1, s), lo, hi);
 }
 
-T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, int64_t K,
-                                const float *const *xs, int nt, double *out) {
+/* Up to K3_CPU_NT tokens against one row; nvfp4 and f64 are compile-time constants in each
+ * wrapper: float sums (k3_dot_fn) or float64 sums of exact lane sums (k3_dot64_fn, step64).
+ * Rows of both formats are whole blocks (validated by the caller). */
+T512 INLINE void fp4_dot_impl(const uint8_t *q, const uint8_t *sc, const int nvfp4, const int f64,
+                              int64_t K, const float *const *xs, int nt, float *out,
+                              double *out64) {
     const __m512 tbl = _mm512_loadu_ps(k3_e2m1_lut);
     const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int blk = nvfp4 ? 16 : 32;
     const int plain = scales_plain(sc, K / blk, nvfp4);
     const int64_t K128 = K & ~(int64_t)127;
+    __m512 acc[K3_CPU_NT];
     __m512d lo[K3_CPU_NT], hi[K3_CPU_NT];
-    for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm512_setzero_pd();
+    for (int j = 0; j < K3_CPU_NT; j++) {
+        acc[j] = _mm512_setzero_ps();
+        lo[j] = hi[j] = _mm512_setzero_pd();
+    }
     int64_t c = 0;
     for (; c < K128; c += 128) {
+        _mm_prefetch((const char *)(q + c / 2 + PF_BYTES), _MM_HINT_T0);
         __m512 w[8];
         dec128(q + c / 2, tbl, w);
         __m512 s = plain ? scale128(sc, c / blk, nvfp4, 1) : scale128(sc, c / blk, nvfp4, 0);
@@ -223,26 +181,61 @@ T512 INLINE void fp4_dot64_impl(const uint8_t *q, const uint8_t *sc, const int n
             __m512 x[8];
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) x[k] = _mm512_loadu_ps(xs[j] + c + 16 * k);
-            step64(w, x, s, nvfp4, &lo[j], &hi[j]);
+            if (f64)
+                step64(w, x, s, nvfp4, &lo[j], &hi[j]);
+            else
+                acc[j] = _mm512_fmadd_ps(dot128(w, x), s, acc[j]);
         }
     }
-    for (; c + 16 <= K; c += 16) { /* one block per vector: single products, exact */
-        __m512 ws = _mm512_mul_ps(dec16(q + c / 2, tbl), bscale(stab, sc, c / blk));
-        for (int j = 0; j < nt; j++)
-            acc64(_mm512_mul_ps(ws, _mm512_loadu_ps(xs[j] + c)), &lo[j], &hi[j]);
+    for (; c + blk <= K; c += blk) {
+        __m512 s = bscale(stab, sc, c / blk);
+        __m512 w0 = dec16(q + c / 2, tbl);
+        __m512 w1 = nvfp4 ? w0 : dec16(q + c / 2 + 8, tbl);
+#pragma GCC unroll 4
+        for (int j = 0; j < K3_CPU_NT; j++) {
+            if (j >= nt) break;
+            if (f64) { /* single products, exact */
+                __m512 x0 = _mm512_loadu_ps(xs[j] + c);
+                acc64(_mm512_mul_ps(_mm512_mul_ps(w0, s), x0), &lo[j], &hi[j]);
+                if (!nvfp4) {
+                    __m512 x1 = _mm512_loadu_ps(xs[j] + c + 16);
+                    acc64(_mm512_mul_ps(_mm512_mul_ps(w1, s), x1), &lo[j], &hi[j]);
+                }
+                continue;
+            }
+            __m512 p = _mm512_mul_ps(w0, _mm512_loadu_ps(xs[j] + c));
+            if (!nvfp4) p = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs[j] + c + 16), p);
+            acc[j] = _mm512_fmadd_ps(p, s, acc[j]);
+        }
     }
-    for (int j = 0; j < nt; j++) out[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
+    for (int j = 0; j < nt; j++) {
+        if (f64)
+            out64[j] = _mm512_reduce_add_pd(_mm512_add_pd(lo[j], hi[j]));
+        else
+            out[j] = _mm512_reduce_add_ps(acc[j]);
+    }
+}
+
+T512 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
+                           const float *const *xs, int nt, float *out) {
+    fp4_dot_impl(q, sc, 1, 0, K, xs, nt, out, NULL);
+}
+
+T512 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
+                           const float *const *xs, int nt, float *out) {
+    fp4_dot_impl(q, sc, 0, 0, K, xs, nt, out, NULL);
 }
 
 T512 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
                              const float *const *xs, int nt, double *out) {
-    fp4_dot64_impl(q, sc, 1, K, xs, nt, out);
+    fp4_dot_impl(q, sc, 1, 1, K, xs, nt, NULL, out);
 }
 
 T512 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
                              const float *const *xs, int nt, double *out) {
-    fp4_dot64_impl(q, sc, 0, K, xs, nt, out);
+    fp4_dot_impl(q, sc, 0, 1, K, xs, nt, NULL, out);
 }
+
 
 /* T = 1 over nr rows (nr, nvfp4, plain and f64 are compile-time constants in each instance):
  * the 8 activation vectors of a step loaded once for all rows, one 64-byte line per row,
