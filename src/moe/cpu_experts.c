@@ -182,41 +182,35 @@ static void phase_hidden(void *ctx, int64_t b, int64_t e, int thread) {
 
 /* An expert's FC1 outputs i .. i + m - 1 for its n tokens (sorted rows r0 ..): each row of w1
  * (and w3) decoded once per K3_CPU_NT tokens by the dot kernel, the activation applied as the
- * values come. */
+ * values come; in W4A4 / W4A8 with float64 sums and activation (dot64, see cpu_kern.h). */
 static void fc1_dot(const plan *p, int le, int64_t r0, int64_t n, int64_t i, int m) {
     const k3_expert *E = &p->ex->e[le];
-    float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
+    const bool f64 = p->dot64 != NULL;
+    const float s1 = out_scale(&E->w1) * p->in1, s3 = p->gated ? out_scale(&E->w3) * p->in1 : 0;
+    const double d1 = (double)out_scale(&E->w1) * p->in1d;
+    const double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
     for (int j = 0; j < m; j++)
         for (int64_t t0 = r0; t0 < r0 + n; t0 += K3_CPU_NT) {
             int nt = (int)(r0 + n - t0 < K3_CPU_NT ? r0 + n - t0 : K3_CPU_NT);
             const float *xs[K3_CPU_NT];
-            float g[K3_CPU_NT], u[K3_CPU_NT] = {0};
+            const uint8_t *q1 = row_data(&E->w1, i + j), *c1 = row_scale(&E->w1, i + j);
+            const uint8_t *q3 = p->gated ? row_data(&E->w3, i + j) : NULL;
+            const uint8_t *c3 = p->gated ? row_scale(&E->w3, i + j) : NULL;
+            float *h = p->h + t0 * p->I + i + j;
             for (int t = 0; t < nt; t++) xs[t] = p->xin + (int64_t)p->row_tok[t0 + t] * p->H;
-            p->dot(row_data(&E->w1, i + j), row_scale(&E->w1, i + j), p->H, xs, nt, g);
-            if (p->gated)
-                p->dot(row_data(&E->w3, i + j), row_scale(&E->w3, i + j), p->H, xs, nt, u);
-            for (int t = 0; t < nt; t++)
-                p->h[(t0 + t) * p->I + i + j] = k3_act_f32(&p->ex->act, le, g[t] * s1, u[t] * s3);
-        }
-}
-
-/* The same in float64 (W4A4 / W4A8 FC1, dot64: see cpu_kern.h). */
-static void fc1_dot64(const plan *p, int le, int64_t r0, int64_t n, int64_t i, int m) {
-    const k3_expert *E = &p->ex->e[le];
-    double d1 = (double)out_scale(&E->w1) * p->in1d;
-    double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
-    for (int j = 0; j < m; j++)
-        for (int64_t t0 = r0; t0 < r0 + n; t0 += K3_CPU_NT) {
-            int nt = (int)(r0 + n - t0 < K3_CPU_NT ? r0 + n - t0 : K3_CPU_NT);
-            const float *xs[K3_CPU_NT];
-            double g[K3_CPU_NT], u[K3_CPU_NT] = {0};
-            for (int t = 0; t < nt; t++) xs[t] = p->xin + (int64_t)p->row_tok[t0 + t] * p->H;
-            p->dot64(row_data(&E->w1, i + j), row_scale(&E->w1, i + j), p->H, xs, nt, g);
-            if (p->gated)
-                p->dot64(row_data(&E->w3, i + j), row_scale(&E->w3, i + j), p->H, xs, nt, u);
-            for (int t = 0; t < nt; t++)
-                p->h[(t0 + t) * p->I + i + j] =
-                    (float)k3_act_f64(&p->ex->act, le, g[t] * d1, u[t] * d3);
+            if (f64) {
+                double g[K3_CPU_NT], u[K3_CPU_NT] = {0};
+                p->dot64(q1, c1, p->H, xs, nt, g);
+                if (p->gated) p->dot64(q3, c3, p->H, xs, nt, u);
+                for (int t = 0; t < nt; t++)
+                    h[t * p->I] = (float)k3_act_f64(&p->ex->act, le, g[t] * d1, u[t] * d3);
+            } else {
+                float g[K3_CPU_NT], u[K3_CPU_NT] = {0};
+                p->dot(q1, c1, p->H, xs, nt, g);
+                if (p->gated) p->dot(q3, c3, p->H, xs, nt, u);
+                for (int t = 0; t < nt; t++)
+                    h[t * p->I] = k3_act_f32(&p->ex->act, le, g[t] * s1, u[t] * s3);
+            }
         }
 }
 
@@ -236,7 +230,7 @@ static void fc2_dot(const plan *p, int a, int64_t n0, int m) {
         }
 }
 
-/* Without a rows kernel (scalar, BF16 and F32 banks) or with float64 FC1 sums: items =
+/* Without a rows kernel (scalar, BF16 and F32 banks; FC1 also without a float64 one): items =
  * (active expert, block of rows), all of the expert's tokens per decoded row. */
 static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
@@ -246,7 +240,7 @@ static void phase_fc1(void *ctx, int64_t b, int64_t e, int thread) {
         int64_t i0 = (item % p->fc1_blocks) * FC1_ROWS, i1 = i0 + FC1_ROWS;
         if (i1 > p->I) i1 = p->I;
         int64_t r0 = p->off[a], n = p->off[a + 1] - r0;
-        (p->dot64 ? fc1_dot64 : fc1_dot)(p, p->act_e[a], r0, n, i0, (int)(i1 - i0));
+        fc1_dot(p, p->act_e[a], r0, n, i0, (int)(i1 - i0));
     }
 }
 
@@ -331,10 +325,10 @@ static void phase_fc1_pass(void *ctx, int64_t b, int64_t e, int thread) {
         const float *xr = p->xin + (int64_t)p->row_tok[r0] * p->H;
         if (n > 1) {
             prefetch_rows(nq, ns, p->gated ? 2 * mn : mn, row_bytes(&E->w1), scale_cols(&E->w1));
-            (p->dot64 ? fc1_dot64 : fc1_dot)(p, le, r0, n, i, m);
+            fc1_dot(p, le, r0, n, i, m);
             continue;
         }
-        if (p->dot64) { /* W4A4 / W4A8: float64 sums and activation, as fc1_dot64 */
+        if (p->dot64) { /* W4A4 / W4A8: float64 sums and activation, as fc1_dot */
             double d1 = (double)out_scale(&E->w1) * p->in1d, vd[K3_CPU_NR];
             double d3 = p->gated ? (double)out_scale(&E->w3) * p->in1d : 0;
             p->rows64(qs, ss, p->gated ? 2 * m : m, p->H, xr, vd, pass + 1 < n_pass ? nq : NULL,

@@ -70,15 +70,34 @@ TAVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
-                          const float *const *xs, int nt, float *out) {
+TAVX2 static inline void acc64(__m256 p, __m256d *lo, __m256d *hi) {
+    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+}
+
+TAVX2 static inline double hsum64(__m256d lo, __m256d hi) {
+    __m256d v = _mm256_add_pd(lo, hi);
+    __m128d h2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h2, _mm_unpackhi_pd(h2, h2)));
+}
+
+/* Up to K3_CPU_NT tokens against one row; nvfp4 and f64 are compile-time constants in each
+ * wrapper: float sums (k3_dot_fn) or float64 sums of the exact pair sums (k3_dot64_fn, as
+ * fp4_rows_impl's f64). */
+TAVX2 static inline __attribute__((always_inline)) void
+fp4_dot(const uint8_t *q, const uint8_t *sc, const int nvfp4, const int f64, int64_t K,
+        const float *const *xs, int nt, float *out, double *out64) {
     const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u), tab = e2m1x2_table();
     const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
     const int shift = nvfp4 ? 4 : 5; /* element index -> block index */
     const int64_t K64 = K & ~(int64_t)63;
-    __m256 acc[K3_CPU_NT], acc2[K3_CPU_NT]; /* acc2: doubled weights (decode64) */
-    for (int j = 0; j < K3_CPU_NT; j++) acc[j] = acc2[j] = _mm256_setzero_ps();
+    __m256 acc[K3_CPU_NT], acc2[K3_CPU_NT]; /* acc2, lo2, hi2: doubled weights (decode64) */
+    __m256d lo[K3_CPU_NT], hi[K3_CPU_NT], lo2[K3_CPU_NT], hi2[K3_CPU_NT];
+    for (int j = 0; j < K3_CPU_NT; j++) {
+        acc[j] = acc2[j] = _mm256_setzero_ps();
+        lo[j] = hi[j] = lo2[j] = hi2[j] = _mm256_setzero_pd();
+    }
     int64_t c = 0;
     for (; c < K64; c += 64) {
         __m256 w[8];
@@ -91,7 +110,10 @@ TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_
                 if (j >= nt) break;
                 __m256 p = _mm256_mul_ps(w[2 * g], _mm256_loadu_ps(xs[j] + c + 16 * g));
                 p = _mm256_fmadd_ps(w[2 * g + 1], _mm256_loadu_ps(xs[j] + c + 16 * g + 8), p);
-                acc2[j] = _mm256_fmadd_ps(p, s, acc2[j]);
+                if (f64)
+                    acc64(_mm256_mul_ps(p, s), &lo2[j], &hi2[j]);
+                else
+                    acc2[j] = _mm256_fmadd_ps(p, s, acc2[j]);
             }
         }
     }
@@ -104,76 +126,45 @@ TAVX2 static void fp4_dot(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_
             if (j >= nt) break;
             __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
             p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
-            acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
-        }
-    }
-    for (int j = 0; j < nt; j++) out[j] = 0.5f * hsum(acc2[j]) + hsum(acc[j]);
-}
-
-TAVX2 static void fp4_dot64(const uint8_t *q, const uint8_t *sc, int nvfp4, int64_t K,
-                            const float *const *xs, int nt, double *out) {
-    const __m256 mag = _mm256_loadu_ps(k3_e2m1_lut);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
-    const float *stab = nvfp4 ? k3_e4m3_lut : k3_e8m0_lut;
-    const int shift = nvfp4 ? 4 : 5;
-    __m256d lo[K3_CPU_NT], hi[K3_CPU_NT];
-    for (int j = 0; j < K3_CPU_NT; j++) lo[j] = hi[j] = _mm256_setzero_pd();
-    for (int64_t c = 0; c < K; c += 16) {
-        __m256 wa, wb;
-        decode16(q + c / 2, mag, sign, &wa, &wb);
-        __m256d s = _mm256_set1_pd(stab[sc[c >> shift]]);
-#pragma GCC unroll 4
-        for (int j = 0; j < K3_CPU_NT; j++) {
-            if (j >= nt) break;
-            __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
-            p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
-            lo[j] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(p)), s, lo[j]);
-            hi[j] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)), s, hi[j]);
+            if (f64)
+                acc64(_mm256_mul_ps(p, s), &lo[j], &hi[j]);
+            else
+                acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
         }
     }
     for (int j = 0; j < nt; j++) {
-        __m256d v = _mm256_add_pd(lo[j], hi[j]);
-        __m128d h2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-        out[j] = _mm_cvtsd_f64(_mm_add_sd(h2, _mm_unpackhi_pd(h2, h2)));
+        if (f64)
+            out64[j] = 0.5 * hsum64(lo2[j], hi2[j]) + hsum64(lo[j], hi[j]);
+        else
+            out[j] = 0.5f * hsum(acc2[j]) + hsum(acc[j]);
     }
-}
-
-TAVX2 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                              const float *const *xs, int nt, double *out) {
-    fp4_dot64(q, sc, 1, K, xs, nt, out);
-}
-
-TAVX2 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                              const float *const *xs, int nt, double *out) {
-    fp4_dot64(q, sc, 0, K, xs, nt, out);
 }
 
 TAVX2 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
                             const float *const *xs, int nt, float *out) {
-    fp4_dot(q, sc, 1, K, xs, nt, out);
+    fp4_dot(q, sc, 1, 0, K, xs, nt, out, NULL);
 }
 
 TAVX2 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
                             const float *const *xs, int nt, float *out) {
-    fp4_dot(q, sc, 0, K, xs, nt, out);
+    fp4_dot(q, sc, 0, 0, K, xs, nt, out, NULL);
 }
 
-TAVX2 static inline void acc64(__m256 p, __m256d *lo, __m256d *hi) {
-    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
-    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+TAVX2 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                              const float *const *xs, int nt, double *out) {
+    fp4_dot(q, sc, 1, 1, K, xs, nt, NULL, out);
 }
 
-TAVX2 static inline double hsum64(__m256d lo, __m256d hi) {
-    __m256d v = _mm256_add_pd(lo, hi);
-    __m128d h2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(h2, _mm_unpackhi_pd(h2, h2)));
+TAVX2 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
+                              const float *const *xs, int nt, double *out) {
+    fp4_dot(q, sc, 0, 1, K, xs, nt, NULL, out);
 }
 
 /* T = 1 over nr rows (nr, nvfp4 and f64 compile-time in each instance): each 64-element step
  * decodes a row with decode64 and reads the activations from L1 for every row; every row
  * stream is prefetched once per 64-byte line, a whole call ahead (next), as in the AVX-512
  * kernel. f64 (W4A4 / W4A8, k3_rows64_fn): each lane's pair sum, exact in float with quantized
- * activations (two products, see fp4_dot64), times the block scale (exact) goes into float64
+ * activations (two products), times the block scale (exact) goes into float64
  * sums; decode64's doubled pairs into their own sums, halved at the end. */
 #define PF_BYTES 6144
 TAVX2 static inline __attribute__((always_inline)) void
