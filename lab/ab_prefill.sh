@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lab, on the device: same-call A/B of prefill-size GEMM variants (lab/NOTES.md "Next").
 # Usage (from the repository root, with lab/bin and .libs carried):
-#   lab/ab_prefill.sh NAME...      e.g.  lab/ab_prefill.sh old sw128
+#   [SKIP_TESTS=1] [TEST_TIMEOUT=S] [TESTS_ONLY=1] lab/ab_prefill.sh NAME...   e.g. lab/ab_prefill.sh old sw128
 # For each NAME with a lab/bin/test_NAME: test_wgmma_path (every pinned width, both formats)
 # with the widest relL2 per width; then, for each NAME, lab/bin/bench_NAME at T = 1024 .. 8192,
 # NVFP4, both modes, with the automatic path and the warp-specialized widths 80 and 48 forced.
@@ -14,13 +14,14 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t0=$SECONDS
 for n in "$@"; do
-  [ -x lab/bin/test_$n ] || continue
-  K3_CUDA_TEST_FILTER=test_wgmma_path timeout 240 lab/bin/test_$n > "$out/test_$n.log" 2>&1
+  [ -x lab/bin/test_$n ] && [ -z "${SKIP_TESTS:-}" ] || continue
+  K3_CUDA_TEST_FILTER=test_wgmma_path timeout ${TEST_TIMEOUT:-240} lab/bin/test_$n > "$out/test_$n.log" 2>&1
   echo "test_$n test_wgmma_path rc=$? ($((SECONDS - t0)) s)"
   grep -E "FAILED|SKIP|rror" "$out/test_$n.log" | head -5
   awk '/relL2/ {for (i = 1; i <= NF; i++) if ($i == "relL2") v = $(i + 1); w = $2; n[w]++; if (v + 0 > m[w]) m[w] = v + 0}
        END {for (w in m) printf "  width %s: %d cases, max relL2 %.3g\n", w, n[w], m[w]}' "$out/test_$n.log"
 done
+[ -n "${TESTS_ONLY:-}" ] && exit 0
 for mode in w4a16 w4a16-bf16; do
   for p in 0 80 48; do
     for n in "$@"; do

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Lab, on the device, thirteenth session: one call for everything pending, most informative first
+# (a call may be cut at 600 s): fused variants at decode sizes, the sw128 prefill A/B at the
+# automatic path, then the tests of the variants. Raw TSV / logs under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+out=${OUT:-/tmp/ab}; mkdir -p "$out"
+t0=$SECONDS
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+for round in 1 2; do
+  for n in main fv6 fvpp6 fvpp7 fvl6 fvl7; do
+    timeout 40 lab/bin/bench_$n --fmt nvfp4 --backend cuda-fused --T 1,2,4,8 --reps 30 > /tmp/abf.tsv 2>&1
+    { echo "## $round $n"; cat /tmp/abf.tsv; } >> "$out/fused.tsv"
+    awk -v n=$n -v r=$round '$1 == "k3" {printf "r%s %-6s fused T=%-3s %8.1f us %5.3f of floor  stages %s\n", r, n, $4, $5, $10, $12}' /tmp/abf.tsv
+  done
+done
+timeout 40 lab/bin/bench_main --fmt nvfp4 --backend cuda --T 1,8 --reps 30 | awk '$1 == "k3" {printf "grouped main T=%-3s %8.1f us %5.3f of floor  stages %s\n", $4, $5, $10, $12}'
+echo "fused done $((SECONDS - t0)) s"
+for mode in w4a16 w4a16-bf16; do
+  for n in main sw128; do
+    timeout 60 lab/bin/bench_$n --fmt nvfp4 --backend cuda --mode $mode --T 2048,4096,8192 --reps 5 > /tmp/abp.tsv 2>&1
+    { echo "## $n $mode"; cat /tmp/abp.tsv; } >> "$out/prefill.tsv"
+    awk -v n=$n '$1 == "k3" {printf "%-6s %-10s T=%-5s %9.1f us %6.1f TF  %s\n", n, $13, $4, $5, $11, $12}' /tmp/abp.tsv
+  done
+done
+echo "prefill done $((SECONDS - t0)) s"
+K3_CUDA_TEST_FILTER=test_wgmma_path timeout 200 stdbuf -oL lab/bin/test_sw128 > "$out/test_sw128.log" 2>&1
+echo "test_sw128 test_wgmma_path rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|rror|PASSED" "$out/test_sw128.log" | head -4
+for n in fvl6 fvpp7; do
+  for f in test_nvfp4_situ_all_T test_ep_rank_subsets test_all_tokens_one_expert_and_empty_experts test_mxfp4_situ_all_T; do
+    K3_CUDA_TEST_FILTER=$f timeout 60 stdbuf -oL lab/bin/test_$n > /tmp/t.log 2>&1
+    rc=$?; echo "test_$n $f rc=$rc ($((SECONDS - t0)) s)"; grep -E "FAILED|rror" /tmp/t.log | head -3
+    [ $rc = 0 ] || cp /tmp/t.log "$out/test_${n}_$f.log"
+  done
+done
