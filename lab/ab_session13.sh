@@ -9,7 +9,8 @@ out=${OUT:-/tmp/ab}; mkdir -p "$out"
 t0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 for round in 1 2; do
-  for n in main fv6 fvpp6 fvpp7 fvl6 fvl7; do
+  names="main fv6 fvpp6 fvpp7 fvl6 fvl7"; [ $round = 2 ] && names="fvl7 fvl6 fv6 main"
+  for n in $names; do
     timeout 40 lab/bin/bench_$n --fmt nvfp4 --backend cuda-fused --T 1,2,4,8 --reps 30 > /tmp/abf.tsv 2>&1
     { echo "## $round $n"; cat /tmp/abf.tsv; } >> "$out/fused.tsv"
     awk -v n=$n -v r=$round '$1 == "k3" {printf "r%s %-6s fused T=%-3s %8.1f us %5.3f of floor  stages %s\n", r, n, $4, $5, $10, $12}' /tmp/abf.tsv
@@ -17,6 +18,12 @@ for round in 1 2; do
 done
 timeout 40 lab/bin/bench_main --fmt nvfp4 --backend cuda --T 1,8 --reps 30 | awk '$1 == "k3" {printf "grouped main T=%-3s %8.1f us %5.3f of floor  stages %s\n", $4, $5, $10, $12}'
 echo "fused done $((SECONDS - t0)) s"
+for f in test_nvfp4_situ_all_T test_ep_rank_subsets test_all_tokens_one_expert_and_empty_experts test_mxfp4_situ_all_T \
+         test_activations_both_formats test_w4a4_nvfp4 test_w4a16_bf16 test_larger_shape test_explicit_errors; do
+  K3_CUDA_TEST_FILTER=$f timeout 60 stdbuf -oL lab/bin/test_fvl6 > /tmp/t.log 2>&1
+  rc=$?; echo "test_fvl6 $f rc=$rc ($((SECONDS - t0)) s)"; grep -E "FAILED|rror" /tmp/t.log | head -3
+  [ $rc = 0 ] || cp /tmp/t.log "$out/test_fvl6_$f.log"
+done
 for mode in w4a16 w4a16-bf16; do
   for n in main sw128; do
     timeout 60 lab/bin/bench_$n --fmt nvfp4 --backend cuda --mode $mode --T 2048,4096,8192 --reps 5 > /tmp/abp.tsv 2>&1
@@ -27,10 +34,3 @@ done
 echo "prefill done $((SECONDS - t0)) s"
 K3_CUDA_TEST_FILTER=test_wgmma_path timeout 200 stdbuf -oL lab/bin/test_sw128 > "$out/test_sw128.log" 2>&1
 echo "test_sw128 test_wgmma_path rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|rror|PASSED" "$out/test_sw128.log" | head -4
-for n in fvl6 fvpp7; do
-  for f in test_nvfp4_situ_all_T test_ep_rank_subsets test_all_tokens_one_expert_and_empty_experts test_mxfp4_situ_all_T; do
-    K3_CUDA_TEST_FILTER=$f timeout 60 stdbuf -oL lab/bin/test_$n > /tmp/t.log 2>&1
-    rc=$?; echo "test_$n $f rc=$rc ($((SECONDS - t0)) s)"; grep -E "FAILED|rror" /tmp/t.log | head -3
-    [ $rc = 0 ] || cp /tmp/t.log "$out/test_${n}_$f.log"
-  done
-done
