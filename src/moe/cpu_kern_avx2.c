@@ -81,6 +81,27 @@ TAVX2 static inline double hsum64(__m256d lo, __m256d hi) {
     return _mm_cvtsd_f64(_mm_add_sd(h2, _mm_unpackhi_pd(h2, h2)));
 }
 
+/* One sum of pair sums p times the block scale s: float (acc) or, with f64, float64 (lo, hi)
+ * of the exact float product. */
+TAVX2 static inline __attribute__((always_inline)) void
+acc_step(const int f64, __m256 p, __m256 s, __m256 *acc, __m256d *lo, __m256d *hi) {
+    if (f64)
+        acc64(_mm256_mul_ps(p, s), lo, hi);
+    else
+        *acc = _mm256_fmadd_ps(p, s, *acc);
+}
+
+/* A result from the sums of decode64's doubled weights (acc2, lo2, hi2; halved, exact) and of
+ * decode16's (acc, lo, hi). */
+TAVX2 static inline __attribute__((always_inline)) void
+acc_out(const int f64, __m256 acc2, __m256d lo2, __m256d hi2, __m256 acc, __m256d lo, __m256d hi,
+        float *out, double *out64) {
+    if (f64)
+        *out64 = 0.5 * hsum64(lo2, hi2) + hsum64(lo, hi);
+    else
+        *out = 0.5f * hsum(acc2) + hsum(acc);
+}
+
 /* Up to K3_CPU_NT tokens against one row; nvfp4 and f64 are compile-time constants in each
  * wrapper: float sums (k3_dot_fn) or float64 sums of the exact pair sums (k3_dot64_fn, as
  * fp4_rows_impl's f64). */
@@ -110,10 +131,7 @@ fp4_dot(const uint8_t *q, const uint8_t *sc, const int nvfp4, const int f64, int
                 if (j >= nt) break;
                 __m256 p = _mm256_mul_ps(w[2 * g], _mm256_loadu_ps(xs[j] + c + 16 * g));
                 p = _mm256_fmadd_ps(w[2 * g + 1], _mm256_loadu_ps(xs[j] + c + 16 * g + 8), p);
-                if (f64)
-                    acc64(_mm256_mul_ps(p, s), &lo2[j], &hi2[j]);
-                else
-                    acc2[j] = _mm256_fmadd_ps(p, s, acc2[j]);
+                acc_step(f64, p, s, &acc2[j], &lo2[j], &hi2[j]);
             }
         }
     }
@@ -126,39 +144,24 @@ fp4_dot(const uint8_t *q, const uint8_t *sc, const int nvfp4, const int f64, int
             if (j >= nt) break;
             __m256 p = _mm256_mul_ps(wa, _mm256_loadu_ps(xs[j] + c));
             p = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xs[j] + c + 8), p);
-            if (f64)
-                acc64(_mm256_mul_ps(p, s), &lo[j], &hi[j]);
-            else
-                acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
+            acc_step(f64, p, s, &acc[j], &lo[j], &hi[j]);
         }
     }
-    for (int j = 0; j < nt; j++) {
-        if (f64)
-            out64[j] = 0.5 * hsum64(lo2[j], hi2[j]) + hsum64(lo[j], hi[j]);
-        else
-            out[j] = 0.5f * hsum(acc2[j]) + hsum(acc[j]);
+    for (int j = 0; j < nt; j++)
+        acc_out(f64, acc2[j], lo2[j], hi2[j], acc[j], lo[j], hi[j], f64 ? NULL : &out[j], f64 ? &out64[j] : NULL);
+}
+
+/* k3_dot_fn (f64 = 0, float out) or k3_dot64_fn (f64 = 1, double out). */
+#define DOT_FN(name, nv, f64, otype)                                                         \
+    TAVX2 static void name(const uint8_t *q, const uint8_t *sc, int64_t K,                   \
+                           const float *const *xs, int nt, otype *out) {                     \
+        fp4_dot(q, sc, nv, f64, K, xs, nt, f64 ? NULL : (float *)(void *)out,                \
+                f64 ? (double *)(void *)out : NULL);                                         \
     }
-}
-
-TAVX2 static void nvfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
-                            const float *const *xs, int nt, float *out) {
-    fp4_dot(q, sc, 1, 0, K, xs, nt, out, NULL);
-}
-
-TAVX2 static void mxfp4_dot(const uint8_t *q, const uint8_t *sc, int64_t K,
-                            const float *const *xs, int nt, float *out) {
-    fp4_dot(q, sc, 0, 0, K, xs, nt, out, NULL);
-}
-
-TAVX2 static void nvfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                              const float *const *xs, int nt, double *out) {
-    fp4_dot(q, sc, 1, 1, K, xs, nt, NULL, out);
-}
-
-TAVX2 static void mxfp4_dot64(const uint8_t *q, const uint8_t *sc, int64_t K,
-                              const float *const *xs, int nt, double *out) {
-    fp4_dot(q, sc, 0, 1, K, xs, nt, NULL, out);
-}
+DOT_FN(nvfp4_dot, 1, 0, float)
+DOT_FN(mxfp4_dot, 0, 0, float)
+DOT_FN(nvfp4_dot64, 1, 1, double)
+DOT_FN(mxfp4_dot64, 0, 1, double)
 
 /* T = 1 over nr rows (nr, nvfp4 and f64 compile-time in each instance): each 64-element step
  * decodes a row with decode64 and reads the activations from L1 for every row; every row
@@ -201,10 +204,7 @@ fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
                 __m256 p = _mm256_mul_ps(w[2 * g], _mm256_loadu_ps(x + c + 16 * g));
                 p = _mm256_fmadd_ps(w[2 * g + 1], _mm256_loadu_ps(x + c + 16 * g + 8), p);
                 __m256 sg = _mm256_broadcast_ss(&stab[s[r][(c + 16 * g) >> shift]]);
-                if (f64)
-                    acc64(_mm256_mul_ps(p, sg), &lo2[r], &hi2[r]);
-                else
-                    acc2[r] = _mm256_fmadd_ps(p, sg, acc2[r]);
+                acc_step(f64, p, sg, &acc2[r], &lo2[r], &hi2[r]);
             }
         }
     }
@@ -217,19 +217,12 @@ fp4_rows_impl(const uint8_t *const *qs, const uint8_t *const *scs, const int nr,
             __m256 p = _mm256_mul_ps(wa, xa);
             p = _mm256_fmadd_ps(wb, xb, p);
             __m256 sg = _mm256_broadcast_ss(&stab[s[r][c >> shift]]);
-            if (f64)
-                acc64(_mm256_mul_ps(p, sg), &lo[r], &hi[r]);
-            else
-                acc[r] = _mm256_fmadd_ps(p, sg, acc[r]);
+            acc_step(f64, p, sg, &acc[r], &lo[r], &hi[r]);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) {
-        if (f64)
-            out64[r] = 0.5 * hsum64(lo2[r], hi2[r]) + hsum64(lo[r], hi[r]);
-        else
-            out[r] = 0.5f * hsum(acc2[r]) + hsum(acc[r]);
-    }
+    for (int r = 0; r < nr; r++)
+        acc_out(f64, acc2[r], lo2[r], hi2[r], acc[r], lo[r], hi[r], f64 ? NULL : &out[r], f64 ? &out64[r] : NULL);
 }
 
 /* k3_rows_fn (f64 = 0, float out) or k3_rows64_fn (f64 = 1, double out). */
