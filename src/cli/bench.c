@@ -38,14 +38,18 @@ static void usage(FILE *f) {
 
 static int parse_tokens(const char *s, int *out, int *n) {
     char buf[512];
-    if (!s || strlen(s) >= sizeof buf) return cli_fail("bench moe", "--tokens: expected a list like 1,8,64");
+    if (!s || !*s || strlen(s) >= sizeof buf) return cli_fail("bench moe", "--tokens: expected a list like 1,8,64");
     snprintf(buf, sizeof buf, "%s", s);
     *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    /* every comma separates two entries: "1,,8" or a trailing comma is an error, not a shorter list */
+    for (char *tok = buf, *comma;; tok = comma + 1) {
         long v;
+        if ((comma = strchr(tok, ','))) *comma = '\0';
         if (*n == MAX_TOKENS) return cli_fail("bench moe", "--tokens: at most %d entries", MAX_TOKENS);
+        if (!*tok) return cli_fail("bench moe", "--tokens: empty entry in '%s'", s);
         if (cli_parse_int("bench moe", "--tokens", tok, 1, 65536, &v)) return 1;
         out[(*n)++] = (int)v;
+        if (!comma) break;
     }
     if (*n == 0) return cli_fail("bench moe", "--tokens: expected a list like 1,8,64, got '%s'", s);
     return 0;

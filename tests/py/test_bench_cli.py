@@ -58,6 +58,9 @@ def test_bench_act_w4a16_bf16(tiny, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["moe", "--format", "bogus"], "bogus"),
     (["moe", "--tokens", "0"], "--tokens"),
+    (["moe", "--tokens", "1,,8"], "empty entry"),
+    (["moe", "--tokens", "1,"], "empty entry"),
+    (["moe", "--tokens", ""], "--tokens"),
     (["moe", "--bogus"], "--bogus"),
     (["foo"], "foo"),
     (["moe", "--act", "w4a8", "--format", "nvfp4"], "w4a8"),
