@@ -78,7 +78,8 @@ struct MoeRun {
                                       the start, after each grid barrier and at its end [6] */
 };
 
-/* Where the fused kernel's 6 stamps live: bytes 16..63 of the 64-byte ctl block (ensure_ws). */
+/* Where the fused kernel's 6 stamps live: bytes 16..63 of the ctl block (ensure_ws; its hand-off
+ * counters follow from byte 64). */
 static inline unsigned long long *fused_stamps_at(const MoeRun &r) { return (unsigned long long *)(r.ctl + 4); }
 
 /* FC1 rows per expert (2I gated, I otherwise): the one table's rule, moe/activation.h. The
@@ -423,11 +424,13 @@ __device__ __forceinline__ int block_scan(int *a, int n, int *tsum) {
     return total;
 }
 
-/* smem: 3 * (n_local + 1) + 33 ints. */
-static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem) {
+/* smem: 3 * (n_local + 1) + 33 ints. cnt: the fused halves kernel's ncnt hand-off counters
+ * (moe_run.cu fused_cnt; else NULL), zeroed, of which [0, T) count each token's local slots. */
+static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem, int *cnt = nullptr, int ncnt = 0) {
     const int tid = threadIdx.x, nth = blockDim.x, nl = m.n_local, S = r.T * r.k;
     int *off = smem, *wof = smem + (nl + 1), *cur = smem + 2 * (nl + 1), *tsum = smem + 3 * (nl + 1);
     for (int e = tid; e <= nl; e += nth) off[e] = 0;
+    for (int i = tid; i < ncnt; i += nth) cnt[i] = 0;
     __syncthreads();
     for (int s = tid; s < S; s += nth) {
         unsigned e = (unsigned)(r.ids[s] - m.first_local);
@@ -457,6 +460,7 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem)
             int p = atomicAdd(&cur[e], 1);
             r.sorted_tok[p] = s / r.k;
             r.sorted_slot[p] = s;
+            if (cnt) atomicAdd(cnt + s / r.k, 1);
         }
     }
     for (int p = tid; p < P; p += nth) r.hamax[p] = 0u;
@@ -572,39 +576,51 @@ __device__ __forceinline__ void fc2_epi(const MoeDev &m, const MoeRun &r, int4 w
 
 /* The epilogue of the wgmma tiles (moe_prefill.cu, moe_prefill_ws.cu): one 16-row tile mt
  * (this warp's) x TN tokens of work item (e, p0, n):
- * accumulator i holds row g + 8 ((i >> 1) & 1), item token 8 (i >> 2) + 2 q + (i & 1). FC1
- * applies the activation and writes h and the per-position |h| max; FC2 writes unweighted rows
- * per (token, slot). */
+ * accumulator i holds row g + 8 ((i >> 1) & 1), item token 8 (i >> 2) + 2 q + (i & 1), so this
+ * lane owns TN / 4 columns, u = 2 (i >> 2) + (i & 1). FC1 applies the activation and writes h
+ * and the per-position |h| max; FC2 writes unweighted rows per (token, slot).
+ * The columns' values (FC1: sorted_tok then the token's x row scale; FC2: the position's h row
+ * scale and slot) are loaded CB columns at a time before any store: issued one column at a time
+ * they waited behind the previous column's stores, which nvcc may not move them across (the
+ * pointers may alias), and ncu put 32% of the 80-token FC1 kernel's stalls on those loads. */
 template <int FMT, int ACT, int TN, int FC2>
 __device__ __forceinline__ void wg_epilogue(const MoeDev &m, const MoeRun &r, int e, int p0, int n, int mt, int g,
                                             int q, const float acc[TN / 2]) {
-    if (FC2) {
-        const float fw = m.f2[e];
+    constexpr int NC = TN / 4, CB = NC < 8 ? NC : 8;
+    const float fw = FC2 ? m.f2[e] : 0.f;
+    const float fa = FC2 ? 0.f : m.f1[2 * e], fb = FC2 ? 0.f : m.f1[2 * e + 1];
+    const float al = !FC2 && m.alpha ? m.alpha[e] : 1.f, be = !FC2 && m.beta ? m.beta[e] : 0.f;
+    const float li = !FC2 && m.limit ? m.limit[e] : INFINITY;
 #pragma unroll
-        for (int i = 0; i < TN / 2; i += 4)
+    for (int u0 = 0; u0 < NC; u0 += CB) {
+        int ix[CB]; /* FC1: token, FC2: slot; -1 past the item */
+        float s[CB];
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int j = 2 * i + 2 * q + c;
-                if (j < n) {
-                    const float s = fw * r.hs[p0 + j];
-                    float *o = r.part + (size_t)r.sorted_slot[p0 + j] * m.H + mt * 16 + g;
-                    o[0] = acc[i + c] * s;
-                    o[8] = acc[i + 2 + c] * s;
+        for (int v = 0; v < CB; v++) {
+            const int u = u0 + v, j = 8 * (u >> 1) + 2 * q + (u & 1);
+            const bool ok = u < NC && j < n;
+            ix[v] = ok ? (FC2 ? r.sorted_slot[p0 + j] : r.sorted_tok[p0 + j]) : -1;
+            if (FC2) s[v] = ok ? fw * r.hs[p0 + j] : 0.f;
+        }
+        if (!FC2)
+#pragma unroll
+            for (int v = 0; v < CB; v++) s[v] = ix[v] >= 0 ? r.xs[ix[v]] : 0.f;
+#pragma unroll
+        for (int v = 0; v < CB; v++) {
+            const int u = u0 + v, i = 4 * (u >> 1) + (u & 1);
+            if (u < NC) {
+                if (FC2) {
+                    if (ix[v] >= 0) {
+                        float *o = r.part + (size_t)ix[v] * m.H + mt * 16 + g;
+                        o[0] = acc[i] * s[v];
+                        o[8] = acc[i + 2] * s[v];
+                    }
+                } else {
+                    fc1_store<ACT>(m, r, p0 + 8 * (u >> 1) + 2 * q + (u & 1), ix[v] >= 0, mt, g, acc[i], acc[i + 2], fa,
+                                   fb, s[v], al, be, li);
                 }
             }
-    } else {
-        const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
-        const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
-        const float li = m.limit ? m.limit[e] : INFINITY;
-#pragma unroll
-        for (int i = 0; i < TN / 2; i += 4)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int j = 2 * i + 2 * q + c;
-                const bool ok = j < n;
-                const float xs = ok ? r.xs[r.sorted_tok[p0 + j]] : 0.f;
-                fc1_store<ACT>(m, r, p0 + j, ok, mt, g, acc[i + c], acc[i + 2 + c], fa, fb, xs, al, be, li);
-            }
+        }
     }
 }
 

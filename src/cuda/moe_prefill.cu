@@ -38,9 +38,10 @@ extern "C" {
  * 32 A registers per thread stay under 128). At TN = 64 two tiles spill (lab/NOTES.md v15). */
 __host__ __device__ constexpr int wg_mt(int tn) { return tn == 32 ? 2 : 1; }
 
-/* Ring depth: as many stages as fit in 114 KB (two CTAs per SM), at most 8; stage s computes
- * while s + 1 .. s + STAGES - 2 load and s - 1 may still be in the tensor cores. */
-#define WG_SMEM_BUDGET (114 * 1024)
+/* Ring depth: as many stages as fit in 112 KB (two CTAs per SM with the alignment slack: 2 x
+ * (112 + 1 + 1 reserved) KB = the SM's 228 KB), at most 8; stage s computes while s + 1 .. s +
+ * STAGES - 2 load and s - 1 may still be in the tensor cores. (114 KB gave the same depths.) */
+#define WG_SMEM_BUDGET (112 * 1024)
 __host__ __device__ constexpr int wg_stages(int tn, int np, int mt) {
     return WG_SMEM_BUDGET / wg_stage_bytes(tn, np, mt) < 8 ? WG_SMEM_BUDGET / wg_stage_bytes(tn, np, mt) : 8;
 }
@@ -57,12 +58,11 @@ __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __
                                         const uint8_t *const sunit[MT], int warp, int lane) {
     constexpr int STEP = 128 / TN, SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     const uint32_t st = sbase + buf * wg_stage_bytes(TN, NP, MT);
-    const uint32_t b = st + (nf >> 3) * 1024 + (nf & 7) * 16;
 #pragma unroll
     for (int gq = 0; gq < 4 * NP; gq += STEP) { /* q >> 2 = part: 0 hi, 1 lo */
         const int q = gq + gq0, p = q >> 2, g = 2 * (q & 3) + pair;
         const __half *sp = src + p * K + s * WG_KS + g * 8;
-        cp_async16(b + p * wg_part_bytes(TN) + g * 128, have_row ? (const void *)sp : (const void *)src,
+        cp_async16(st + p * wg_part_bytes(TN) + wg_bpiece(nf, g), have_row ? (const void *)sp : (const void *)src,
                    have_row ? 16 : 0);
     }
     const int c = s >> 1, h = s & 1;
@@ -108,7 +108,7 @@ __device__ __forceinline__ void wg_stage(int s, int nst, uint32_t sbase, float a
     uint4 w[MT], sc[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) wg_words<FMT, TN, NP, MT>(sbase, buf, warp, lane, t, w[t], sc[t]);
-    const uint64_t d0 = wg_desc(sbase + buf * wg_stage_bytes(TN, NP, MT), 128, 1024);
+    const uint64_t d0 = wg_desc_sw128(sbase + buf * wg_stage_bytes(TN, NP, MT));
     wg_step<FMT, TN, NP, MT, H, 0>(acc, a, w, sc, d0);
     wg_step<FMT, TN, NP, MT, H, 1>(acc, a, w, sc, d0);
     wg_step<FMT, TN, NP, MT, H, 2>(acc, a, w, sc, d0);
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, K = FC2 ? m.I : m.H;
     const int mt0 = (blockIdx.x * 8 + warp) * MT;
     const int SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    const uint32_t sbase = smem_u32(wsm);
+    const uint32_t sbase = wg_align1024(smem_u32(wsm));
     const int pair = tid & 1, nf = (tid >> 1) % TN, gq0 = (tid >> 1) / TN;
     const __half *plain = (const __half *)(FC2 ? r.hq : r.xq);
     for (int wi = blockIdx.y; wi < W; wi += gridDim.y) {
@@ -223,6 +223,6 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wg_fc2_table[pi][m->fmt][ti] : wg_fc1_table[pi][m->fmt][ti][(int)m->act - 1];
     const int mt = wg_mt(tn);
-    return wg_launch(k, tiles, 8 * mt, wmax, WG_THREADS, wg_smem_bytes(tn, r.np, mt), st, d, r,
+    return wg_launch(k, tiles, 8 * mt, wmax, WG_THREADS, wg_smem_bytes(tn, r.np, mt) + WG_ALIGN_SLACK, st, d, r,
                      fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
 }

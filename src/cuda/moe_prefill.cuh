@@ -17,11 +17,19 @@ extern "C" {
 #define WG_WBYTES 640 /* per warp and stage: 512 B of codes (half a unit) + the unit's scales (<= 128 B) */
 
 /* Shared-memory layout of one stage: the activations, part (hi, lo; hi only when np = 1) x
- * [TN / 8 row groups of 1024 B] x [8 k-groups of 128 B] x [8 rows of 16 B] (core matrices
- * K-adjacent at 128 B = lbo, N-adjacent at 1024 B = sbo), then the weights of the CTA's
- * 8 x MT tiles (warp w holds tiles w * MT .. w * MT + MT - 1). */
+ * [TN / 8 atoms of 1024 B] x [8 rows of 128 B] in wgmma's 128-byte swizzle (wg_desc_sw128):
+ * row r's 16-byte piece kg (k 8 kg .. 8 kg + 7 of the stage) sits at piece kg ^ (r & 7) of the
+ * row; then the weights of the CTA's tiles (k_wg: 8 x MT, warp w holding tiles w * MT ..
+ * w * MT + MT - 1; k_wgp: 16). Every part and stage starts on a 1024-byte boundary (TN is a
+ * multiple of 8, the weight block a multiple of 1024 B). The unswizzled layout this replaced
+ * (core matrices of 8 rows x 16 B) made ncu count 51% excess shared-memory wavefronts in k_wgp,
+ * where the tensor cores' B reads alone take half the SM's shared-memory bandwidth at peak
+ * (m64nNk16 reads 32 N bytes per 2048 N flops). */
 __host__ __device__ constexpr int wg_part_bytes(int tn) { return tn * WG_KS * 2; }
 __host__ __device__ constexpr int wg_stage_bytes(int tn, int np, int mt) { return np * wg_part_bytes(tn) + 8 * mt * WG_WBYTES; }
+__host__ __device__ constexpr uint32_t wg_bpiece(int row, int kg) {
+    return (uint32_t)((row >> 3) * 1024 + (row & 7) * 128 + ((kg ^ (row & 7)) << 4));
+}
 
 /* This lane's code word of the four 16-k steps of half h of tile t's unit, and the scales
  * (32-bit shared addresses keep the hot loop's registers down: at 128 per thread, two CTAs
@@ -38,12 +46,12 @@ __device__ __forceinline__ void wg_words(uint32_t sbase, int buf, int warp, int 
     }
 }
 
-/* The NP products of 16-k step KS (at 2 x 128 B in the stage's descriptor d0) for one tile:
- * the hi part and (NP = 2) the lo part one part further, into the same accumulators. */
+/* The NP products of 16-k step KS (32 B into the rows of the stage's descriptor d0) for one
+ * tile: the hi part and (NP = 2) the lo part one part further, into the same accumulators. */
 template <int TN, int NP, int KS>
 __device__ __forceinline__ void wg_mma_step(float acc[TN / 2], const uint32_t a[4], uint64_t d0) {
-    wgmma_tn<TN, KS * 256>(acc, a[0], a[1], a[2], a[3], d0);
-    if (NP == 2) wgmma_tn<TN, KS * 256 + wg_part_bytes(TN)>(acc, a[0], a[1], a[2], a[3], d0);
+    wgmma_tn<TN, KS * 32>(acc, a[0], a[1], a[2], a[3], d0);
+    if (NP == 2) wgmma_tn<TN, KS * 32 + wg_part_bytes(TN)>(acc, a[0], a[1], a[2], a[3], d0);
 }
 
 /* Launches one of these GEMM kernels over (16-row tiles / tiles per CTA) x (work items, at

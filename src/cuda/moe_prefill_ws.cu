@@ -56,13 +56,13 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
     for (int rr = 0; rr < (TN + 63) / 64; rr++) {
         const int row = (tid >> 1) + 64 * rr;
         if (row < nrow) {
-            const uint32_t b = st + (row >> 3) * 1024 + (row & 7) * 16;
 #pragma unroll
             for (int p = 0; p < NP; p++)
 #pragma unroll
                 for (int gi = 0; gi < 4; gi++) {
                     const int kg = 2 * gi + pair;
-                    cp_async16(b + p * wg_part_bytes(TN) + kg * 128, src[rr] + p * K + s * WG_KS + kg * 8, 16);
+                    cp_async16(st + p * wg_part_bytes(TN) + wg_bpiece(row, kg), src[rr] + p * K + s * WG_KS + kg * 8,
+                               16);
                 }
         }
     }
@@ -122,7 +122,7 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
             sc[t] = make_uint4(v.x, v.y, 0, 0);
         }
     }
-    const uint64_t d0 = wg_desc(st, 128, 1024);
+    const uint64_t d0 = wg_desc_sw128(st);
     const uint32_t release = !first && lane == 0 ? empty + 8 * ((g + ST - 1) % ST) : 0u;
     wp_step<FMT, TN, NP, H, 0>(acc, a, w, sc, d0, 0u);
     wp_step<FMT, TN, NP, H, 1>(acc, a, w, sc, d0, 0u);
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
     extern __shared__ __align__(1024) uint8_t wsm[];
     __shared__ __align__(8) uint64_t bars[16];
     const int tid = threadIdx.x, lane = tid & 31;
-    const uint32_t sbase = smem_u32(wsm), full = smem_u32(bars), empty = full + 8 * 8;
+    const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * 8;
     if (tid == 0) {
         for (int b = 0; b < ST; b++) {
             mbar_init(full + 8 * b, WP_THREADS / 3);
@@ -243,7 +243,7 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
                        (long long)k3_act_fc1_rows(m->act, d.I));
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
-    const int smem = tn == 48 ? wp_smem_bytes(48, r.np) : wp_smem_bytes(80, r.np);
+    const int smem = (tn == 48 ? wp_smem_bytes(48, r.np) : wp_smem_bytes(80, r.np)) + WG_ALIGN_SLACK;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     k<<<m->n_sm, WP_THREADS, smem, st>>>(d, r);
     cudaError_t e = cudaGetLastError();

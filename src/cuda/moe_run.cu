@@ -13,13 +13,14 @@
  *   finalize  y[t] = sum over local slots in slot order of w * row: deterministic.
  * The four launches after prep are programmatic dependent launches (launch_chain): each may
  * start while its predecessor drains and waits (pdl_wait) before reading what it wrote.
- * Fused (decode): the same stages in one cooperative persistent kernel with four grid
- * barriers; T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
+ * Fused (decode): the same stages in one cooperative persistent kernel; T*k <= 64 streams them
+ * through per-item and per-token counters with two grid barriers, larger batches take four;
+ * T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
  * Kernel specializations: format x activation x tokens-per-tile x fp16 terms per activation
  * (grouped: two in w4a16, one in w4a16-bf16 and w4a4) and format x activation x K split (fused,
  * two terms); per-expert activation parameters are runtime values. Split-K is not
  * used across CTAs; for T*k <= 64 the two K halves of a tile run in one CTA (ksplit_reduce,
- * and fused_gemm's halves), and the mma.sync tiles issue only the 8-column fragments an
+ * in k_fc and fused_halves), and the mma.sync tiles issue only the 8-column fragments an
  * item's tokens fill (tile_mma_fit). */
 #include "cuda/cuda_check.cuh"
 #include "cuda/k3_cuda.h"
@@ -197,88 +198,154 @@ __device__ __forceinline__ void fused_stamp(const MoeRun &r, int i) {
     }
 }
 
-/* One GEMM phase of the fused kernel over the units (work item, 16-row tile), work items the
- * fast index, as in the grouped kernels' grids (for the fused kernel itself measured level with
- * tiles first: T = 1 156 vs 158 us in two device calls, lab/NOTES.md v13).
- * halves (T*k <= 64): warps 2i and 2i + 1 take the two K halves of one unit, the upper half goes
- * through shared memory and the lower warp adds it (lower + upper, a fixed order): 6144 FC1
- * units over ~4200 warps at T = 1 are 1.45 rounds of whole K, ~2.9 rounds of half K.
- * Units are taken from a queue (one atomicAdd per CTA or warp) rather than assigned statically,
- * so a CTA that finishes early takes the next unit, as the grouped grids' CTAs are scheduled:
- * H200, same call, NVFP4 T = 1 / 8 / 64: 144.5 -> 134.5, 833 -> 699, 4056 -> 3729 us. */
-/* M tiles per warp of the fused whole-K units (the halves keep one: their kernel is capped at 64
- * registers). H200, same call, one -> two: NVFP4 T = 64 3627 -> 3340 us, MXFP4 3455 -> 3139,
- * T = 8 level (lab/NOTES.md v14). */
+/* ---- the fused kernel ------------------------------------------------------------------------ */
+
+/* M tiles per warp of the fused whole-K units. H200, same call, one -> two: NVFP4 T = 64 3627 ->
+ * 3340 us, MXFP4 3455 -> 3139, T = 8 level (lab/NOTES.md v14). */
 #define FUSED_MT 2
-template <int FMT, int ACT, int FC2, int KS>
-__device__ __forceinline__ void fused_gemm(const MoeDev &m, const MoeRun &r, int W, float (*red)[4][32]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
+
+/* One whole-K GEMM phase (T*k > 64) over the units (work item, FUSED_MT 16-row tiles), work
+ * items the fast index, one warp per unit from a queue (one atomicAdd per warp), so a warp that
+ * finishes early takes the next unit as the grouped grids' CTAs are scheduled: H200, same call,
+ * NVFP4 T = 8 / 64: 833 -> 699, 4056 -> 3729 us against static assignment (v14). */
+template <int FMT, int ACT, int FC2>
+__device__ __forceinline__ void fused_whole(const MoeDev &m, const MoeRun &r, int W) {
+    constexpr int MT = FUSED_MT;
+    const int lane = threadIdx.x & 31, mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     int *queue = r.ctl + 2 + FC2; /* units handed out in order, zeroed by the dispatch */
-    __shared__ int next;
-    if (KS == 2) {
-        const int U = W * mtiles;
-        for (;;) {
-            if (threadIdx.x == 0) next = atomicAdd(queue, WARPS / 2);
-            __syncthreads();
-            const int b0 = next;
-            if (b0 >= U) break;
-            const int it = b0 + (warp >> 1), upper = warp & 1, mt = it / W;
-            const bool active = it < U;
-            const int4 wk = active ? r.work[it % W] : make_int4(0, 0, 0, 0);
-            float acc[1][4];
-            if (active) tile_mma<FMT, 1, FC2, 2>(m, r, wk, mt, upper ? nk / 2 : 0, upper ? nk : nk / 2, lane, acc);
-            if (active && upper)
-                for (int i = 0; i < 4; i++) red[warp >> 1][i][lane] = acc[0][i];
-            __syncthreads();
-            if (active && !upper) {
-                for (int i = 0; i < 4; i++) acc[0][i] += red[warp >> 1][i][lane];
-                tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, mt, lane, acc);
-            }
-            __syncthreads();
-        }
-    } else {
-        constexpr int MT = FUSED_MT;
-        const int U = W * ((mtiles + MT - 1) / MT);
-        for (;;) {
-            int it = lane == 0 ? atomicAdd(queue, 1) : 0;
-            it = __shfl_sync(0xffffffffu, it, 0);
-            if (it >= U) break;
-            const int4 wk = r.work[it % W];
-            const int mt = it / W * MT;
-            float acc[MT][4];
-            tile_mma<FMT, 1, FC2, 2, MT>(m, r, wk, mt, 0, nk, lane, acc);
+    const int U = W * ((mtiles + MT - 1) / MT);
+    for (;;) {
+        int it = lane == 0 ? atomicAdd(queue, 1) : 0;
+        it = __shfl_sync(0xffffffffu, it, 0);
+        if (it >= U) break;
+        const int4 wk = r.work[it % W];
+        const int mt = it / W * MT;
+        float acc[MT][4];
+        tile_mma<FMT, 1, FC2, 2, MT>(m, r, wk, mt, 0, nk, lane, acc);
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+            if (mt + t < mtiles) tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, mt + t, lane, acc + t);
+    }
+}
+
+/* Decode sizes (T*k <= 64). Counters of the stream hand-offs, after the stamps in the ctl block
+ * (ensure_ws), zeroed by the dispatch: local slots per token [64], finished FC1 units per work
+ * item [96], finished FC2 units per (token, tile group) [64 x groups]. */
+#define FUSED_TILES 4 /* 16-row tiles per unit: 2 warps per K half x FC_MT */
+#define FUSED_HALVES_SLOTS 64 /* T*k of the halves path: the counters are sized for it */
+__device__ __forceinline__ int *fused_cnt(const MoeRun &r) { return r.ctl + 16; }
+static __host__ __device__ __forceinline__ int fused_groups(int mtiles) {
+    return (mtiles + FUSED_TILES - 1) / FUSED_TILES;
+}
+static __host__ __device__ __forceinline__ int fused_cnt_ints(int m2) { return 160 + FUSED_HALVES_SLOTS * fused_groups(m2); }
+
+/* One halves GEMM phase: the grouped k_fc CTA body (warps 0-1 the lower K half, 2-3 the upper,
+ * FC_MT tiles per warp sharing the B fragments, the halves added lower + upper through shared
+ * memory) over units (work item, group of FUSED_TILES tiles) taken from a queue, work items the
+ * fast index. No hconv or finalize phase follows: the last unit of a work item to finish FC1
+ * (counter per item) converts that item's h rows, whose |h| max is then complete; the last unit
+ * of a (token, tile group) to finish FC2 sums that token's 64 output columns over its local slots
+ * in slot order (deterministic; tokens with no local slot are zeroed by k_fused). Each hand-off:
+ * the CTA's stores, a fence, the counter; the last CTA fences again before reading. */
+template <int FMT, int ACT, int FC2>
+__device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, int W, float (*red)[FC_MT * 4][32]) {
+    constexpr int MT = FC_MT;
+    const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31, nk = FC2 ? m.nk2 : m.nk1;
+    const int wl = (threadIdx.x >> 5) & 1, upper = (threadIdx.x >> 5) >= 2, G = fused_groups(mtiles);
+    const int U = W * G;
+    int *queue = r.ctl + 2 + FC2, *tneed = fused_cnt(r), *icnt = tneed + 64, *tcnt = tneed + 160;
+    __shared__ int next, lastbits;
+    for (;;) {
+        if (threadIdx.x == 0) next = atomicAdd(queue, 1);
+        __syncthreads();
+        const int v = next; /* thread 0 rewrites next only after ksplit_reduce's barrier */
+        if (v >= U) break;
+        const int wi = v % W, grp = v / W, mt = (grp * 2 + wl) * MT;
+        const bool active = mt < mtiles;
+        const int4 wk = r.work[wi];
+        float acc[MT][4];
+        if (active) tile_mma_fit<FMT, 1, FC2, 2, MT>(m, r, wk, mt, upper ? nk / 2 : 0, upper ? nk : nk / 2, lane, acc);
+        if (ksplit_reduce<MT>(acc, active, red, 2))
 #pragma unroll
             for (int t = 0; t < MT; t++)
                 if (mt + t < mtiles) tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, mt + t, lane, acc + t);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            int bits = 0;
+            if (!FC2) {
+                bits = atomicAdd(icnt + wi, 1) == G - 1;
+            } else {
+                for (int j = 0; j < wk.z; j++) {
+                    const int t = r.sorted_tok[wk.y + j];
+                    if (atomicAdd(tcnt + t * G + grp, 1) == tneed[t] - 1) bits |= 1 << j;
+                }
+            }
+            if (bits) __threadfence();
+            lastbits = bits;
+        }
+        __syncthreads();
+        const int bits = lastbits;
+        if (bits && !FC2) {
+            for (int j = 0; j < wk.z; j++) hconv_row(m, r, wk.y + j, threadIdx.x, blockDim.x);
+        } else if (bits) {
+            const int c = grp * FUSED_TILES * 16 + threadIdx.x;
+            for (int j = 0; j < wk.z; j++)
+                if ((bits >> j & 1) && threadIdx.x < FUSED_TILES * 16 && c < m.H)
+                    finalize_elem(m, r, r.sorted_tok[wk.y + j], c);
         }
     }
 }
 
-/* One persistent kernel: dispatch + x prep, FC1, h conversion, FC2, finalize. It reads both
- * fp16 terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so
- * that its instantiations stay format x activation x K split. Only the halves kernel (T*k <=
- * 64) is capped at 64 registers for 8 CTAs per SM; the whole-K one keeps its own loop. */
+/* One persistent kernel: dispatch + x prep, FC1, FC2 and the weighted sum. It reads both fp16
+ * terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so that its
+ * instantiations stay format x activation x K split.
+ * KS = 2 (T*k <= 64): two grid barriers (after the dispatch, after FC1); the units stream into
+ * each other through the counters of fused_halves. FUSED_MINB CTAs of 4 warps per SM: 80
+ * registers (ptxas, nvcc 13.0: 12-44 B of spill, some at the head of the FC2 chunk loop). H200,
+ * one call, NVFP4 T = 1 / 2 / 4 against the four-barrier kernel of one tile per warp pair:
+ * 130.1 / 214.8 / 369.1 vs 136.5 / 228 / 394.5 us; 5 CTAs per SM (96 registers): 137 / 222 /
+ * 395, 7 (72): 166 / 283 / 490; an L2 prefetch of each CTA's first FC1 / FC2 unit across the
+ * two waits: +3 us; FC2 units that wait on a per-item flag instead of the second barrier: +11 us
+ * (lab/NOTES.md v19).
+ * KS = 1: four grid barriers with an hconv and a finalize phase between the GEMM phases. */
+#ifndef FUSED_MINB /* lab builds may set it (lab/variant.sh -DFUSED_MINB=N) */
+#define FUSED_MINB 6
+#endif
+#define FUSED_BARRIERS(ks) ((ks) == 2 ? 2 : 4)
 template <int FMT, int ACT, int KS>
-__global__ void __launch_bounds__(128, KS == 2 ? 8 : 1) k_fused(MoeDev m, MoeRun r) {
+__global__ void __launch_bounds__(128, KS == 2 ? FUSED_MINB : 1) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
     const int nb = gridDim.x;
     const unsigned long long base = r.bar_base;
     fused_stamp(r, 0);
-    if (blockIdx.x == 0) moe_dispatch(m, r, smem);
+    if (blockIdx.x == 0) moe_dispatch(m, r, smem, KS == 2 ? fused_cnt(r) : nullptr, KS == 2 ? fused_cnt_ints(m.m2) : 0);
     else
         for (int t = blockIdx.x - 1; t < r.T; t += nb - 1) prep_x_row(m, r, t, (float *)smem);
     grid_sync(r.bar, base + (unsigned long long)nb);
     fused_stamp(r, 1);
     const int W = *(volatile int *)(r.ctl + 1), P = *(volatile int *)r.ctl;
-    __shared__ float red[WARPS / 2][4][32];
-    fused_gemm<FMT, ACT, 0, KS>(m, r, W, red);
+    if (KS == 2) {
+        __shared__ float red[WARPS][FC_MT * 4][32];
+        for (int t = blockIdx.x; t < r.T; t += nb) /* no local slot: no unit sums this token */
+            if (fused_cnt(r)[t] == 0)
+                for (int c = threadIdx.x; c < m.H; c += blockDim.x) r.y[(size_t)t * m.H + c] = 0.f;
+        fused_halves<FMT, ACT, 0>(m, r, W, red);
+        grid_sync(r.bar, base + 2ull * nb);
+        fused_stamp(r, 2);
+        fused_stamp(r, 3);
+        fused_halves<FMT, ACT, 1>(m, r, W, red);
+        fused_stamp(r, 4);
+        fused_stamp(r, 5);
+        return;
+    }
+    fused_whole<FMT, ACT, 0>(m, r, W);
     grid_sync(r.bar, base + 2ull * nb);
     fused_stamp(r, 2);
     for (int p = blockIdx.x; p < P; p += nb) hconv_row(m, r, p, threadIdx.x, blockDim.x);
     grid_sync(r.bar, base + 3ull * nb);
     fused_stamp(r, 3);
-    fused_gemm<FMT, ACT, 1, KS>(m, r, W, red);
+    fused_whole<FMT, ACT, 1>(m, r, W);
     grid_sync(r.bar, base + 4ull * nb);
     fused_stamp(r, 4);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < r.T * m.H; i += nb * blockDim.x)
@@ -374,7 +441,7 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (size_t)work_items_max(T * k, d->n_local, tn);
     size_t sz[11] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
-                     wmax * 16, 64};
+                     wmax * 16, 64 + (size_t)fused_cnt_ints(d->m2) * 4};
     size_t tot = 0, off[11];
     for (int i = 0; i < 11; i++) {
         off[i] = tot;
@@ -595,6 +662,9 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         return K3_OK;
     }
     const int ks = k_halves(m, T * k);
+    if (ks == 2 && T * k > FUSED_HALVES_SLOTS)
+        return k3_fail(err, K3_ERR_LIMIT, "cuda-fused: K halves take T*k <= %d routed slots, not %d", FUSED_HALVES_SLOTS,
+                       T * k);
     kern_t kf = fused_table[ks - 1][m->fmt][ai];
     int sm = dispatch_smem(m);
     if (!m->fused_grid[ks - 1]) { /* every block must be co-resident: the grid barrier waits for all */
@@ -616,7 +686,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         cudaGetLastError();
         return k3_cuda_fail(err, ce, "cudaLaunchCooperativeKernel(k_fused)", __FILE__, __LINE__);
     }
-    m->bar_epoch += 4ull * grid;
+    m->bar_epoch += (unsigned long long)FUSED_BARRIERS(ks) * grid;
     return K3_OK;
 }
 

@@ -13,13 +13,28 @@
 #define K3_WGMMA 0
 #endif
 
-/* Descriptor of a K-major, unswizzled operand: core matrices of 8 rows x 16 bytes stored as
- * 128 contiguous bytes; lbo = bytes between core matrices adjacent in K, sbo = adjacent in
- * N. Fields (PTX "matrix descriptor"): address >> 4 in bits 0-13, lbo >> 4 in 16-29, sbo >> 4
- * in 32-45, swizzle mode 0 in 62-63. */
+/* Descriptor of a K-major, unswizzled operand (the peak probe, peak.cu): core matrices of 8 rows
+ * x 16 bytes stored as 128 contiguous bytes; lbo = bytes between core matrices adjacent in K,
+ * sbo = adjacent in N; swizzle mode 0. */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
 }
+
+/* Descriptor of a K-major operand in the 128-byte swizzle layout (PTX "matrix descriptor":
+ * address >> 4 in bits 0-13, lbo >> 4 in 16-29, sbo >> 4 in 32-45, swizzle mode in 62-63, 1 =
+ * 128 B). Rows of 64 fp16 (128 B), 8 rows to a 1024-byte atom, atoms sbo = 1024 apart; lbo is
+ * not used when the instruction's K (32 B) lies inside one row. The atom must be 1024-byte
+ * aligned (the XOR reads address bits 7-9 as the row); a 16-k step inside it advances the start
+ * address by 32 B and the hardware applies the XOR to every address it forms. */
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t smem_addr) {
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+/* The first 1024-byte boundary at or after a shared-memory address (the swizzled B atoms need
+ * it; kernels ask for WG_ALIGN_SLACK more dynamic shared memory than their stages take). */
+#define WG_ALIGN_SLACK 1024
+__device__ __forceinline__ uint32_t wg_align1024(uint32_t a) { return (a + 1023u) & ~1023u; }
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
