@@ -228,16 +228,19 @@ __device__ __forceinline__ void fused_whole(const MoeDev &m, const MoeRun &r, in
     }
 }
 
-/* Decode sizes (T*k <= 64). Counters of the stream hand-offs, after the stamps in the ctl block
- * (ensure_ws), zeroed by the dispatch: local slots per token [64], finished FC1 units per work
- * item [96], finished FC2 units per (token, tile group) [64 x groups]. */
+/* Decode sizes (T*k <= S = FUSED_HALVES_SLOTS, so at most S tokens and S work items). Counters
+ * of the stream hand-offs, after the stamps in the ctl block (ensure_ws), zeroed by the
+ * dispatch: local slots per token [S], finished FC1 units per work item [S], finished FC2 units
+ * per (token, tile group) [S x groups]. */
 #define FUSED_TILES 4 /* 16-row tiles per unit: 2 warps per K half x FC_MT */
 #define FUSED_HALVES_SLOTS 64 /* T*k of the halves path: the counters are sized for it */
 __device__ __forceinline__ int *fused_cnt(const MoeRun &r) { return r.ctl + 16; }
 static __host__ __device__ __forceinline__ int fused_groups(int mtiles) {
     return (mtiles + FUSED_TILES - 1) / FUSED_TILES;
 }
-static __host__ __device__ __forceinline__ int fused_cnt_ints(int m2) { return 160 + FUSED_HALVES_SLOTS * fused_groups(m2); }
+static __host__ __device__ __forceinline__ int fused_cnt_ints(int m2) {
+    return FUSED_HALVES_SLOTS * (2 + fused_groups(m2));
+}
 
 /* One halves GEMM phase: the grouped k_fc CTA body (warps 0-1 the lower K half, 2-3 the upper,
  * FC_MT tiles per warp sharing the B fragments, the halves added lower + upper through shared
@@ -253,7 +256,7 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
     const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31, nk = FC2 ? m.nk2 : m.nk1;
     const int wl = (threadIdx.x >> 5) & 1, upper = (threadIdx.x >> 5) >= 2, G = fused_groups(mtiles);
     const int U = W * G;
-    int *queue = r.ctl + 2 + FC2, *tneed = fused_cnt(r), *icnt = tneed + 64, *tcnt = tneed + 160;
+    int *queue = r.ctl + 2 + FC2, *tneed = fused_cnt(r), *icnt = tneed + FUSED_HALVES_SLOTS, *tcnt = icnt + FUSED_HALVES_SLOTS;
     __shared__ int next, lastbits;
     for (;;) {
         if (threadIdx.x == 0) next = atomicAdd(queue, 1);

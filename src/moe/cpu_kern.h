@@ -34,6 +34,22 @@ typedef void (*k3_dot_fn)(const uint8_t *row, const uint8_t *scale_row, int64_t 
 typedef void (*k3_dot64_fn)(const uint8_t *row, const uint8_t *scale_row, int64_t K,
                             const float *const *xs, int nt, double *out);
 
+/* The four 4-bit dot entry points of an ISA file (nvfp4_dot, mxfp4_dot: k3_dot_fn; nvfp4_dot64,
+ * mxfp4_dot64: k3_dot64_fn) over its one implementation
+ * impl(q, sc, nvfp4, f64, K, xs, nt, float *out, double *out64), with nvfp4 and f64
+ * compile-time constants in each; attr is the file's target attribute. */
+#define K3_FP4_DOT_FN(attr, impl, name, nv, f64, otype)                                        \
+    attr static void name(const uint8_t *q, const uint8_t *sc, int64_t K,                     \
+                          const float *const *xs, int nt, otype *out) {                        \
+        impl(q, sc, nv, f64, K, xs, nt, f64 ? NULL : (float *)(void *)out,                     \
+             f64 ? (double *)(void *)out : NULL);                                              \
+    }
+#define K3_FP4_DOT_FNS(attr, impl)                                                             \
+    K3_FP4_DOT_FN(attr, impl, nvfp4_dot, 1, 0, float)                                          \
+    K3_FP4_DOT_FN(attr, impl, mxfp4_dot, 0, 0, float)                                          \
+    K3_FP4_DOT_FN(attr, impl, nvfp4_dot64, 1, 1, double)                                       \
+    K3_FP4_DOT_FN(attr, impl, mxfp4_dot64, 0, 1, double)
+
 /* One token against up to K3_CPU_NR rows at once (the T = 1 case): several independent
  * weight streams in flight and the activation loaded once for all of them. Optional.
  * next[0..nr) / next_scale[0..nr) are the rows the caller will pass next (NULL arrays:

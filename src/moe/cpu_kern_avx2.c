@@ -151,17 +151,7 @@ fp4_dot(const uint8_t *q, const uint8_t *sc, const int nvfp4, const int f64, int
         acc_out(f64, acc2[j], lo2[j], hi2[j], acc[j], lo[j], hi[j], f64 ? NULL : &out[j], f64 ? &out64[j] : NULL);
 }
 
-/* k3_dot_fn (f64 = 0, float out) or k3_dot64_fn (f64 = 1, double out). */
-#define DOT_FN(name, nv, f64, otype)                                                         \
-    TAVX2 static void name(const uint8_t *q, const uint8_t *sc, int64_t K,                   \
-                           const float *const *xs, int nt, otype *out) {                     \
-        fp4_dot(q, sc, nv, f64, K, xs, nt, f64 ? NULL : (float *)(void *)out,                \
-                f64 ? (double *)(void *)out : NULL);                                         \
-    }
-DOT_FN(nvfp4_dot, 1, 0, float)
-DOT_FN(mxfp4_dot, 0, 0, float)
-DOT_FN(nvfp4_dot64, 1, 1, double)
-DOT_FN(mxfp4_dot64, 0, 1, double)
+K3_FP4_DOT_FNS(TAVX2, fp4_dot)
 
 /* T = 1 over nr rows (nr, nvfp4 and f64 compile-time in each instance): each 64-element step
  * decodes a row with decode64 and reads the activations from L1 for every row; every row

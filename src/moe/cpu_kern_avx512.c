@@ -216,18 +216,7 @@ T512 INLINE void fp4_dot_impl(const uint8_t *q, const uint8_t *sc, const int nvf
     }
 }
 
-/* k3_dot_fn (f64 = 0, float out) or k3_dot64_fn (f64 = 1, double out). */
-#define DOT_FN(name, nv, f64, otype)                                                         \
-    T512 static void name(const uint8_t *q, const uint8_t *sc, int64_t K,                    \
-                          const float *const *xs, int nt, otype *out) {                      \
-        fp4_dot_impl(q, sc, nv, f64, K, xs, nt, f64 ? NULL : (float *)(void *)out,           \
-                     f64 ? (double *)(void *)out : NULL);                                    \
-    }
-DOT_FN(nvfp4_dot, 1, 0, float)
-DOT_FN(mxfp4_dot, 0, 0, float)
-DOT_FN(nvfp4_dot64, 1, 1, double)
-DOT_FN(mxfp4_dot64, 0, 1, double)
-
+K3_FP4_DOT_FNS(T512, fp4_dot_impl)
 
 /* T = 1 over nr rows (nr, nvfp4, plain and f64 are compile-time constants in each instance):
  * the 8 activation vectors of a step loaded once for all rows, one 64-byte line per row,
