@@ -2,7 +2,7 @@
 # Lab, on the device: the shared-memory weight ring of the mma.sync tiles (gemm_tile RS > 0)
 # against the register pipeline, most informative first (a call may be cut at its limit):
 # fused T = 1 / 2 / 4 (the K-halves path), grouped decode sizes, then the ring builds' tests and
-# a memcheck, then the product build's own GPU tests.
+# a memcheck; the product build's own GPU tests and a memcheck come first.
 # Binaries (lab/variant.sh): bench_main (the tree, RS = 0), bench_ring3 (FC_RS = FUSED_RS = 3),
 # bench_ring3m7 (FC_RS 2, FUSED_RS 3, FUSED_MINB 7), bench_ring4m5 (RS 4, FUSED_MINB 5), and
 # test_ring3 / test_ring3m7. Raw TSV under $OUT, the printed lines in $OUT/log.txt.
@@ -13,6 +13,12 @@ out=${OUT:-/tmp/ab}; mkdir -p "$out"
 t0=$SECONDS
 exec > >(tee "$out/log.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+# the tree's own build first: the landed fused kernel has not run as one binary yet
+timeout 200 build/tests/test_cuda_moe > "$out/test_cuda_moe.log" 2>&1
+echo "build/tests/test_cuda_moe rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|SKIPPED" "$out/test_cuda_moe.log" | head -5
+K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  build/tests/test_cuda_moe > "$out/memcheck_main.log" 2>&1
+echo "memcheck test_cuda_moe test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_main.log"
 for round in 1 2; do
   names="main ring3 ring3m7 ring4m5"; [ $round = 2 ] && names="ring4m5 ring3m7 ring3 main"
   for n in $names; do
@@ -46,5 +52,3 @@ done
 K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
   lab/bin/test_ring3 > "$out/memcheck_ring3.log" 2>&1
 echo "memcheck test_ring3 test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_ring3.log"
-timeout 200 build/tests/test_cuda_moe > "$out/test_cuda_moe.log" 2>&1
-echo "build/tests/test_cuda_moe rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|SKIPPED" "$out/test_cuda_moe.log" | head -5
