@@ -3,9 +3,12 @@
 # against the register pipeline, most informative first (a call may be cut at its limit):
 # fused T = 1 / 2 / 4 (the K-halves path), grouped decode sizes, then the ring builds' tests and
 # a memcheck; the product build's own GPU tests and a memcheck come first.
-# Binaries (lab/variant.sh): bench_main (the tree, RS = 0), bench_ring3 (FC_RS = FUSED_RS = 3),
-# bench_ring3m7 (FC_RS 2, FUSED_RS 3, FUSED_MINB 7), bench_ring4m5 (RS 4, FUSED_MINB 5), and
-# test_ring3 / test_ring3m7. Raw TSV under $OUT, the printed lines in $OUT/log.txt.
+# Also the fused kernel without its dispatch barrier (FUSED_LOCAL: every CTA dispatches for
+# itself, FC1 units wait only for their tokens' x rows).
+# Binaries (PATCH=lab/pending/ring.patch lab/variant.sh): bench_main (the tree), bench_ring3
+# (FC_RS = FUSED_RS = 3), bench_ring3m7 (FC_RS 2, FUSED_RS 3, FUSED_MINB 7), bench_ring4m5 (RS 4,
+# FUSED_MINB 5), bench_loc0 (FUSED_LOCAL, RS 0), bench_loc3 (FUSED_LOCAL, RS 3), and test_ring3,
+# test_loc0, test_loc3. Raw TSV under $OUT, the printed lines in $OUT/log.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -20,7 +23,7 @@ K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool me
   build/tests/test_cuda_moe > "$out/memcheck_main.log" 2>&1
 echo "memcheck test_cuda_moe test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_main.log"
 for round in 1 2; do
-  names="main ring3 ring3m7 ring4m5"; [ $round = 2 ] && names="ring4m5 ring3m7 ring3 main"
+  names="main ring3 loc0 loc3 ring3m7 ring4m5"; [ $round = 2 ] && names="ring4m5 ring3m7 loc3 loc0 ring3 main"
   for n in $names; do
     timeout 40 lab/bin/bench_$n --fmt nvfp4 --backend cuda-fused --T 1,2,4 --reps 30 > /tmp/abf.tsv 2>&1
     { echo "## $round $n"; cat /tmp/abf.tsv; } >> "$out/fused.tsv"
@@ -39,16 +42,18 @@ for round in 1 2; do
   done
 done
 echo "grouped done $((SECONDS - t0)) s"
-for v in ring3 ring3m7; do
+for v in loc3 ring3 loc0; do
   fl="test_nvfp4_situ_all_T test_ep_rank_subsets test_mxfp4_situ_all_T test_all_tokens_one_expert_and_empty_experts
       test_activations_both_formats test_w4a4_nvfp4 test_w4a16_bf16 test_larger_shape"
-  [ $v = ring3m7 ] && fl="test_nvfp4_situ_all_T test_ep_rank_subsets"
+  [ $v = loc0 ] && fl="test_nvfp4_situ_all_T test_ep_rank_subsets"
   for f in $fl; do
     K3_CUDA_TEST_FILTER=$f timeout 90 stdbuf -oL lab/bin/test_$v > /tmp/t.log 2>&1
     rc=$?; echo "test_$v $f rc=$rc ($((SECONDS - t0)) s)"; grep -E "FAILED|rror" /tmp/t.log | head -3
     [ $rc = 0 ] || cp /tmp/t.log "$out/test_${v}_$f.log"
   done
+  if [ $v = loc3 ]; then
+    K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      lab/bin/test_loc3 > "$out/memcheck_loc3.log" 2>&1
+    echo "memcheck test_loc3 test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_loc3.log"
+  fi
 done
-K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  lab/bin/test_ring3 > "$out/memcheck_ring3.log" 2>&1
-echo "memcheck test_ring3 test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_ring3.log"
