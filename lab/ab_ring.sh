@@ -8,7 +8,7 @@
 # Binaries (PATCH=lab/pending/ring.patch lab/variant.sh): bench_main (the tree), bench_ring3
 # (FC_RS = FUSED_RS = 3), bench_ring3m7 (FC_RS 2, FUSED_RS 3, FUSED_MINB 7), bench_ring4m5 (RS 4,
 # FUSED_MINB 5), bench_loc0 (FUSED_LOCAL, RS 0), bench_loc3 (FUSED_LOCAL, RS 3), and test_ring3,
-# test_loc0, test_loc3. Raw TSV under $OUT, the printed lines in $OUT/log.txt.
+# test_loc0, test_loc3; test_main is the tree's build/tests/test_cuda_moe, stripped. Raw TSV under $OUT, the printed lines in $OUT/log.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -17,11 +17,11 @@ t0=$SECONDS
 exec > >(tee "$out/log.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 # the tree's own build first: the landed fused kernel has not run as one binary yet
-timeout 200 build/tests/test_cuda_moe > "$out/test_cuda_moe.log" 2>&1
-echo "build/tests/test_cuda_moe rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|SKIPPED" "$out/test_cuda_moe.log" | head -5
+timeout 200 lab/bin/test_main > "$out/test_cuda_moe.log" 2>&1
+echo "test_main (the tree) rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|SKIPPED" "$out/test_cuda_moe.log" | head -5
 K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  build/tests/test_cuda_moe > "$out/memcheck_main.log" 2>&1
-echo "memcheck test_cuda_moe test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_main.log"
+  lab/bin/test_main > "$out/memcheck_main.log" 2>&1
+echo "memcheck test_main test_ep_rank_subsets rc=$? ($((SECONDS - t0)) s)"; grep -E "ERROR SUMMARY" "$out/memcheck_main.log"
 for round in 1 2; do
   names="main ring3 loc0 loc3 ring3m7 ring4m5"; [ $round = 2 ] && names="ring4m5 ring3m7 loc3 loc0 ring3 main"
   for n in $names; do
