@@ -305,7 +305,8 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
  * instantiations stay format x activation x K split.
  * KS = 2 (T*k <= 64): two grid barriers (after the dispatch, after FC1); the units stream into
  * each other through the counters of fused_halves. FUSED_MINB CTAs of 4 warps per SM: 80
- * registers (ptxas, nvcc 13.0: 12-44 B of spill, some at the head of the FC2 chunk loop). H200,
+ * registers (ptxas, nvcc 13.0: 16-24 B of stack; the SASS has 3 LDL in every FC1 chunk and 2 LDL
+ * + 1 STL in every FC2 chunk, 396 instructions per FC1 chunk against k_fc's 343: lab/NOTES v21). H200,
  * one call, NVFP4 T = 1 / 2 / 4 against the four-barrier kernel of one tile per warp pair:
  * 130.1 / 214.8 / 369.1 vs 136.5 / 228 / 394.5 us; 5 CTAs per SM (96 registers): 137 / 222 /
  * 395, 7 (72): 166 / 283 / 490; an L2 prefetch of each CTA's first FC1 / FC2 unit across the
