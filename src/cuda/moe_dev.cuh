@@ -127,6 +127,12 @@ __device__ __forceinline__ uint4 ld_v4(const uint4 *p) {
     return v;
 }
 
+__device__ __forceinline__ int4 ld_v4i(const int4 *p) {
+    int4 v;
+    asm volatile("ld.global.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 /* Two E4M3 bytes (low byte -> low half) to fp16x2, exact. */
 __device__ __forceinline__ __half2 e4m3x2_to_h2(uint32_t pair16) {
     __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pair16 & 0xFFFF), __NV_E4M3);
@@ -213,7 +219,7 @@ __device__ __forceinline__ void load_unit(const uint4 *__restrict__ wq, const ui
  * MT = 2: the warp takes two M tiles (tile t at wq + t wstep, sq + t sstep) and feeds both from the
  * same B fragments, halving the B loads per MMA and the instructions around them (one tile per
  * warp ran the L1 at 94% at T = 256; the grouped kernels' A/B is in lab/NOTES.md v14). */
-template <int FMT, int NT, int NP, int MT = 1>
+template <int FMT, int NT, int NP, int MT = 1, int RP = 0>
 __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const uint8_t *__restrict__ sq, size_t wstep,
                                           size_t sstep, int nk, int c0, int c1, const uint4 *bq, const int brow[NT],
                                           int lane, float acc[MT * NT][4], bool dep_wait = false) {
@@ -237,20 +243,37 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
         if (D == 2 && c0 + 1 < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c0 + 1, lane, bw0[t], bw1[t], bs[t]);
     }
     if (dep_wait) pdl_wait();
+    /* RP: the chunk addresses as running pointers. nvcc 13.0 strength-reduces the chunk index in
+     * k_fc's loop by itself but, with the same code inlined in the fused kernel's unit loop,
+     * re-derived every address per chunk (base pointers reloaded from the parameters, wide
+     * multiplies): 371 instructions per FC1 chunk there against k_fc's 343, 362 with RP. k_fc
+     * and the fused whole-K units keep RP = 0: with it, k_fc<MXFP4> dropped to 60 registers and ran
+     * T = 1 5% slower, and the whole-K units ran T = 8 / 64 1% slower (H100, lab/NOTES.md v22). */
+    constexpr int SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    const uint4 *wn = wq + (size_t)(c0 + D) * 64;
+    const uint8_t *sn = sq + (size_t)(c0 + D) * SB;
+    const uint4 *bn[NT];
+#pragma unroll
+    for (int f = 0; f < NT; f++) bn[f] = bp[f] ? bp[f] + (size_t)c0 * 32 : bq;
 #pragma unroll 1
     for (int c = c0; c < c1; c++) {
         uint4 cw0[MT], cw1[MT], cs[MT];
 #pragma unroll
         for (int t = 0; t < MT; t++) {
             cw0[t] = cw1[t] = cs[t] = make_uint4(0, 0, 0, 0);
-            if (c + D < c1) load_unit<FMT>(wq + t * wstep, sq + t * sstep, c + D, lane, cw0[t], cw1[t], cs[t]);
+            if (c + D < c1)
+                load_unit<FMT>(RP ? wn + t * wstep : wq + t * wstep, RP ? sn + t * sstep : sq + t * sstep, RP ? 0 : c + D,
+                               lane, cw0[t], cw1[t], cs[t]);
         }
+        wn += 64;
+        sn += SB;
         uint4 bb[NT][4];
 #pragma unroll
         for (int f = 0; f < NT; f++) {
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                bb[f][j] = bp[f] ? ld_v4(bp[f] + (size_t)c * 32 + j) : make_uint4(0, 0, 0, 0);
+                bb[f][j] = bp[f] ? ld_v4(RP ? bn[f] + j : bp[f] + (size_t)c * 32 + j) : make_uint4(0, 0, 0, 0);
+            bn[f] += 32;
         }
 #pragma unroll
         for (int s = 0; s < 8; s++) {
@@ -514,7 +537,7 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
  * NT = 1 kernel to 72 registers, with a constant stride to 80 (H200: T = 8 567 vs 584 us).
  * dep_wait: a programmatic dependent launch whose B rows come from the preceding kernel
  * (pdl_wait after the first weight loads). */
-template <int FMT, int NT, int FC2, int NP, int MT = 1>
+template <int FMT, int NT, int FC2, int NP, int MT = 1, int RP = 0>
 __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1, int lane,
                                          float acc[MT * NT][4], bool dep_wait = false) {
     const int e = wk.x, p0 = wk.y, n = wk.z, SB = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
@@ -526,7 +549,7 @@ __device__ __forceinline__ void tile_mma(const MoeDev &m, const MoeRun &r, int4 
     }
     const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1;
     const size_t tile = (size_t)e * mtiles + mt, step = MT > 1 && mt + 1 < mtiles ? 1 : 0;
-    gemm_tile<FMT, NT, NP, MT>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB,
+    gemm_tile<FMT, NT, NP, MT, RP>((FC2 ? m.w2 : m.w1) + tile * nk * 64, (FC2 ? m.s2 : m.s1) + tile * nk * SB,
                                step * nk * 64, step * nk * SB, nk, c0, c1, FC2 ? r.hq : r.xq, brow,
                                lane, acc, dep_wait);
 }

@@ -108,13 +108,13 @@ __device__ __forceinline__ bool ksplit_reduce(float acc[NT][4], bool active, flo
  * average expert: under uniform routing at T = 256 about half the items have <= 4 tokens and
  * would otherwise issue a second fragment of zero columns). Unused fragments are zeroed; the
  * epilogues skip their columns (j >= n). */
-template <int FMT, int NT, int FC2, int NP, int MT>
+template <int FMT, int NT, int FC2, int NP, int MT, int RP = 0>
 __device__ __forceinline__ void tile_mma_fit(const MoeDev &m, const MoeRun &r, int4 wk, int mt, int c0, int c1,
                                              int lane, float acc[MT * NT][4]) {
     if constexpr (NT >= 2) {
         if (wk.z <= 4 * (3 - NP) * (NT / 2)) { /* the tokens fit half the fragments */
             float half[MT * (NT / 2)][4];
-            tile_mma_fit<FMT, NT / 2, FC2, NP, MT>(m, r, wk, mt, c0, c1, lane, half);
+            tile_mma_fit<FMT, NT / 2, FC2, NP, MT, RP>(m, r, wk, mt, c0, c1, lane, half);
 #pragma unroll
             for (int t = 0; t < MT; t++)
 #pragma unroll
@@ -124,7 +124,7 @@ __device__ __forceinline__ void tile_mma_fit(const MoeDev &m, const MoeRun &r, i
             return;
         }
     }
-    tile_mma<FMT, NT, FC2, NP, MT>(m, r, wk, mt, c0, c1, lane, acc, FC2 == 1);
+    tile_mma<FMT, NT, FC2, NP, MT, RP>(m, r, wk, mt, c0, c1, lane, acc, FC2 == 1);
 }
 
 /* The epilogue of one tile: FC1 applies the activation, FC2 writes unweighted rows. */
@@ -242,6 +242,14 @@ static __host__ __device__ __forceinline__ int fused_cnt_ints(int m2) {
     return FUSED_HALVES_SLOTS * (2 + fused_groups(m2));
 }
 
+/* An integer the compiler cannot see through: values derived from it are computed where they are
+ * used instead of being hoisted out of a loop and held in registers across it. */
+__device__ __forceinline__ int opaque_zero() {
+    int z;
+    asm volatile("mov.u32 %0, 0;" : "=r"(z));
+    return z;
+}
+
 /* One halves GEMM phase: the grouped k_fc CTA body (warps 0-1 the lower K half, 2-3 the upper,
  * FC_MT tiles per warp sharing the B fragments, the halves added lower + upper through shared
  * memory) over units (work item, group of FUSED_TILES tiles) taken from a queue, work items the
@@ -252,28 +260,42 @@ static __host__ __device__ __forceinline__ int fused_cnt_ints(int m2) {
  * the CTA's stores, a fence, the counter; the last CTA fences again before reading. */
 template <int FMT, int ACT, int FC2>
 __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, int W, float (*red)[FC_MT * 4][32]) {
-    constexpr int MT = FC_MT;
-    const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31, nk = FC2 ? m.nk2 : m.nk1;
-    const int wl = (threadIdx.x >> 5) & 1, upper = (threadIdx.x >> 5) >= 2, G = fused_groups(mtiles);
-    const int U = W * G;
-    int *queue = r.ctl + 2 + FC2, *tneed = fused_cnt(r), *icnt = tneed + FUSED_HALVES_SLOTS, *tcnt = icnt + FUSED_HALVES_SLOTS;
-    __shared__ int next, lastbits;
+    constexpr int MT = FC_MT, S = FUSED_HALVES_SLOTS;
+    __shared__ int next, lastbits, wsh;
+    if (threadIdx.x == 0) wsh = W;
+    __syncthreads(); /* every thread reads wsh from the first iteration on */
+    /* Only `next` and `wsh` (shared memory) carry the unit loop: everything else is derived again
+     * from the kernel parameters in each iteration, before and after the chunk loop, so that the
+     * chunk loop has the registers of the grouped k_fc. Held across it at 80 registers, the unit
+     * state spilled into the chunk loop (3 LDL per chunk, 396 instructions against k_fc's 343). */
     for (;;) {
-        if (threadIdx.x == 0) next = atomicAdd(queue, 1);
-        __syncthreads();
-        const int v = next; /* thread 0 rewrites next only after ksplit_reduce's barrier */
-        if (v >= U) break;
-        const int wi = v % W, grp = v / W, mt = (grp * 2 + wl) * MT;
-        const bool active = mt < mtiles;
-        const int4 wk = r.work[wi];
+        {
+            const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, Wv = *(volatile int *)&wsh;
+            if (threadIdx.x == 0) next = atomicAdd(r.ctl + 2 + FC2 + z, 1);
+            __syncthreads();
+            if (next >= Wv * fused_groups(mtiles)) break; /* next is rewritten only after ksplit_reduce */
+        }
         float acc[MT][4];
-        if (active) tile_mma_fit<FMT, 1, FC2, 2, MT>(m, r, wk, mt, upper ? nk / 2 : 0, upper ? nk : nk / 2, lane, acc);
+        {
+            const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, nk = (FC2 ? m.nk2 : m.nk1) + z;
+            const int Wv = *(volatile int *)&wsh, v = next, lane = threadIdx.x & 31, upper = (threadIdx.x >> 5) >= 2;
+            const int mt = (v / Wv * 2 + ((threadIdx.x >> 5) & 1)) * MT;
+            if (mt < mtiles)
+                tile_mma_fit<FMT, 1, FC2, 2, MT, 1>(m, r, r.work[v % Wv], mt, upper ? nk / 2 : 0, upper ? nk : nk / 2,
+                                                 lane, acc);
+        }
+        const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, G = fused_groups(mtiles);
+        const int Wv = *(volatile int *)&wsh, v = *(volatile int *)&next, lane = threadIdx.x & 31;
+        const int wi = v % Wv, grp = v / Wv, mt = (grp * 2 + ((threadIdx.x >> 5) & 1)) * MT;
+        const bool active = mt < mtiles;
+        const int4 wk = ld_v4i(r.work + wi);
         if (ksplit_reduce<MT>(acc, active, red, 2))
 #pragma unroll
             for (int t = 0; t < MT; t++)
                 if (mt + t < mtiles) tile_epi<FMT, ACT, 1, FC2, 2>(m, r, wk, mt + t, lane, acc + t);
         __syncthreads();
         if (threadIdx.x == 0) {
+            int *tneed = fused_cnt(r) + z, *icnt = tneed + S, *tcnt = icnt + S;
             __threadfence();
             int bits = 0;
             if (!FC2) {
@@ -304,17 +326,17 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
  * terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so that its
  * instantiations stay format x activation x K split.
  * KS = 2 (T*k <= 64): two grid barriers (after the dispatch, after FC1); the units stream into
- * each other through the counters of fused_halves. FUSED_MINB CTAs of 4 warps per SM: 80
- * registers (ptxas, nvcc 13.0: 16-24 B of stack; the SASS has 3 LDL in every FC1 chunk and 2 LDL
- * + 1 STL in every FC2 chunk, 396 instructions per FC1 chunk against k_fc's 343: lab/NOTES v21). H200,
- * one call, NVFP4 T = 1 / 2 / 4 against the four-barrier kernel of one tile per warp pair:
- * 130.1 / 214.8 / 369.1 vs 136.5 / 228 / 394.5 us; 5 CTAs per SM (96 registers): 137 / 222 /
- * 395, 7 (72): 166 / 283 / 490; an L2 prefetch of each CTA's first FC1 / FC2 unit across the
- * two waits: +3 us; FC2 units that wait on a per-item flag instead of the second barrier: +11 us
- * (lab/NOTES.md v19).
+ * each other through the counters of fused_halves. FUSED_MINB = 7 CTAs of 4 warps per SM: 72
+ * registers (ptxas, nvcc 13.0: 8-24 B of stack, none of it in the chunk loops: 354 instructions
+ * per chunk against k_fc's 343, no LDL / STL). H100, one call, NVFP4 T = 1 / 2 / 4: 136 / 244 /
+ * 418 us against 144 / 245 / 426 at 6 CTAs per SM and 148 / 239 / 425 at 8 (lab/NOTES.md v22;
+ * before fused_halves stopped spilling into its chunk loops, 7 CTAs per SM had been the slowest).
+ * Measured and not kept (H200, v19): an L2 prefetch of each CTA's first FC1 / FC2 unit across the
+ * two waits, +3 us; FC2 units that wait on a per-item flag instead of the second barrier, +11 us.
+ * (H100, v22: fetching the next unit from the queue while the current one reduces: level.)
  * KS = 1: four grid barriers with an hconv and a finalize phase between the GEMM phases. */
 #ifndef FUSED_MINB /* lab builds may set it (lab/variant.sh -DFUSED_MINB=N) */
-#define FUSED_MINB 6
+#define FUSED_MINB 7
 #endif
 #define FUSED_BARRIERS(ks) ((ks) == 2 ? 2 : 4)
 template <int FMT, int ACT, int KS>
