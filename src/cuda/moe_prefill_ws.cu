@@ -43,14 +43,18 @@ __host__ __device__ constexpr int wp_stages(int tn, int np) {
 }
 __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stages(tn, np) * wp_stage_bytes(tn, np); }
 
-/* The producer's copies of stage s of job (e, rows rb * 16 ..): its token rows (two threads per
- * row, alternate 16-byte pieces: one 32-byte sector per pair; rows past the item's tokens are
- * not copied, their columns are never stored) and its share of the 16 tiles' pieces (32 code
- * pieces of half unit s & 1 and the unit's scale pieces per tile). */
+/* The producer's copies of stage s of a job: its token rows (two threads per row, alternate
+ * 16-byte pieces: one 32-byte sector per pair; rows past the item's tokens are not copied, their
+ * columns are never stored) and the 16 tiles' half units: thread tid copies tile tid / 8's code
+ * pieces tid % 8 + 8 j (j < 4: 128 contiguous bytes per 8 threads) and its scale piece tid % 8
+ * where the format has one, from that tile's unit pointers (wt, sct: the job's unit 0, so a stage
+ * costs no division and no index arithmetic; the per-piece division of the earlier loop made the
+ * producer 27% of the kernel's instructions, ncu, lab/NOTES.md v22). */
 template <int FMT, int TN, int NP, int FC2>
 __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[2], const int nrow,
-                                        int e, int rb, int tid) {
-    constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX, PPT = 32 + SBY / 16;
+                                        const uint8_t *wt, const uint8_t *sct, int tid) {
+    constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    static_assert(WP_TILES * 8 == WP_THREADS / 3, "one producer thread per 16-byte column of a tile's code rows");
     const int K = FC2 ? m.I : m.H, pair = tid & 1;
 #pragma unroll
     for (int rr = 0; rr < (TN + 63) / 64; rr++) {
@@ -66,22 +70,12 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
                 }
         }
     }
-    const int mtiles = FC2 ? m.m2 : m.m1, nk = FC2 ? m.nk2 : m.nk1, c = s >> 1, h = s & 1;
-    const uint32_t wd = st + NP * wg_part_bytes(TN);
-#pragma unroll 1
-    for (int j = 0; j < (WP_TILES * PPT + WP_THREADS / 3 - 1) / (WP_THREADS / 3); j++) {
-        const int i = tid + j * (WP_THREADS / 3);
-        if (i < WP_TILES * PPT) {
-            const int ti = i / PPT, idx = i - ti * PPT, mt = rb * WP_TILES + ti;
-            const size_t unit = ((size_t)e * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk + c;
-            if (idx < 32)
-                cp_async16(wd + ti * WG_WBYTES + idx * 16,
-                           (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit * UNIT_W + h * 512 + idx * 16, 16);
-            else
-                cp_async16(wd + ti * WG_WBYTES + 512 + (idx - 32) * 16, (FC2 ? m.s2 : m.s1) + unit * SBY + (idx - 32) * 16,
-                           16);
-        }
-    }
+    const int c = s >> 1, h = s & 1, pc = tid & 7;
+    const uint32_t wd = st + NP * wg_part_bytes(TN) + (tid >> 3) * WG_WBYTES + pc * 16;
+    const uint8_t *w = wt + (size_t)c * UNIT_W + h * 512;
+#pragma unroll
+    for (int j = 0; j < 4; j++) cp_async16(wd + j * 128, w + j * 128, 16);
+    if (pc < SBY / 16) cp_async16(wd + 512, sct + (size_t)c * SBY, 16);
 }
 
 /* One consumer 16-k step KS of half H (as k_wg's wg_step, two M tiles): once this warp's
@@ -155,6 +149,11 @@ __global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
             const int wi = job / nrb, rb = job - wi * nrb;
             const int4 wk = r.work[wi];
             const int nrow = wk.z < TN ? wk.z : TN;
+            /* this thread's tile (tiles past the end copy the last one; nothing stores them) */
+            const int mt = rb * WP_TILES + (tid >> 3), nk = FC2 ? m.nk2 : m.nk1;
+            const size_t unit0 = ((size_t)wk.x * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk;
+            const uint8_t *wt = (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit0 * UNIT_W + (tid & 7) * 16;
+            const uint8_t *sct = (FC2 ? m.s2 : m.s1) + unit0 * (FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX) + (tid & 7) * 16;
             const __half *src[2];
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
             for (int s = 0; s < nst; s++) {
                 const uint32_t g = sg + s, b = g % ST;
                 if (g >= ST) mbar_wait(empty + 8 * b, ((g / ST) - 1) & 1);
-                wp_fill<FMT, TN, NP, FC2>(m, sbase + b * wp_stage_bytes(TN, NP), s, src, nrow, wk.x, rb, tid);
+                wp_fill<FMT, TN, NP, FC2>(m, sbase + b * wp_stage_bytes(TN, NP), s, src, nrow, wt, sct, tid);
                 cp_async_mbar_arrive(full + 8 * b);
             }
             sg += nst;

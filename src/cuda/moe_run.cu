@@ -2,7 +2,7 @@
  *
  * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
  * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles, and the
- * warp-specialized ones of moe_prefill_ws.cu for NVFP4 w4a16 from 32, pick_wp, 48 or 80):
+ * warp-specialized ones of moe_prefill_ws.cu from 32, pick_wp, 48 or 80):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
  *   fc1       grid (work items x 16-row tiles / 8: 4 warps of two tiles each): swap-AB mma.sync,
@@ -541,25 +541,22 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
     return best;
 }
 
-/* The warp-specialized wgmma tiles (moe_prefill_ws.cu) where they were measured faster than
- * k_wg: the exact two-term mode (w4a16) from 32 tokens per touched expert. H200, NVFP4 K3 layer,
- * ms for k_wg (automatic) / k_wgp 48 / k_wgp 80, tenth session: T = 1024 (~18 tokens per expert)
- * 10.15 / 15.8 / 20.1; 2048 (~37) 18.25 / 17.38 / 21.5; 4096 (~73) 31.19 / 34.05 / 28.45; 8192
- * (~146) 56.33 / 61.4 / 52.06 (one process per path in one device call; the 5% at T = 2048 is
- * inside the process-to-process spread seen elsewhere, 8-9% at 4096 / 8192 is not). The
- * crossover between 18 and 37 tokens is not measured. With one term k_wg won at every T (7.40 /
- * 13.59 / 20.40 / 38.57 against the best k_wgp 13.6 / 14.10 / 21.57 / 39.37 ms), so one-term
- * modes stay there. Width: ceil(n / w) items of cost 1 (48
- * tokens) or 1.6 (80; the measured ratio of full items was 1.67-1.70), as pick_wg does.
- * NVFP4 only: the MXFP4 k_wgp cases of test_wgmma_path have not yet passed on a device (the
- * tenth session's run was cut off after the MXFP4 64-token cases), so MXFP4 stays on k_wg unless
- * pinned. Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
+/* The warp-specialized wgmma tiles (moe_prefill_ws.cu) from 32 tokens per touched expert, in
+ * every mode and format. Since their producer copies a tile's pieces without per-piece index
+ * arithmetic (sixteenth session), they beat k_wg in one-term modes too. H100, NVFP4 K3 layer,
+ * one device call, ms for k_wg (automatic) / k_wgp 48 / k_wgp 80: w4a16-bf16 T = 1024 (~18
+ * tokens per expert) 7.07 / 9.64 / 12.43; 2048 (~37) 12.01 / 10.59 / 12.99; 4096 (~73) 18.18 /
+ * 20.01 / 15.81; 8192 (~146) 36.14 / 36.01 / 28.51; w4a16 1024 9.95 (k_wg) / 12.98 / 17.54,
+ * 2048 13.77 / 18.38 (k_wg 16.7 before the change), 4096 28.31 / 23.21, 8192 49.93 / 41.41
+ * (lab/NOTES.md v22). The crossover between 18 and 37 tokens is not measured. Width: ceil(n / w)
+ * items of cost 1 (48 tokens) or 1.6 (80), which picks the faster width at every T above.
+ * Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
 #define WP_MIN_TOKENS_PER_EXPERT 32
 
-static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
+static int pick_wp(const k3_cuda_moe *m, int T, int k) {
     if (!m->wg_ok) return 0;
     if (m->force_wp) return m->force_wp;
-    if (m->force_wg || np != 2 || m->fmt != FMT_NV) return 0;
+    if (m->force_wg) return 0;
     const double per = tokens_per_expert(m, T, k);
     if (per < WP_MIN_TOKENS_PER_EXPERT) return 0;
     return ceil(per / 80) * 1.6 < ceil(per / 48) ? 80 : 48;
@@ -617,7 +614,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     cudaStream_t st = (cudaStream_t)stream;
     /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
     const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
-    const int wp = b == K3_CUDA_GROUPED ? pick_wp(m, T, k, np) : 0;
+    const int wp = b == K3_CUDA_GROUPED ? pick_wp(m, T, k) : 0;
     const int wg = b == K3_CUDA_GROUPED && !wp ? pick_wg(m, T, k, np) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
