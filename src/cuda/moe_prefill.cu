@@ -79,7 +79,7 @@ __device__ __forceinline__ void wg_fill(uint32_t sbase, int buf, int s, const __
  * step's products issued as one more group; so three steps stay in flight while one decodes. */
 template <int FMT, int TN, int NP, int MT, int H, int KS>
 __device__ __forceinline__ void wg_step(float acc[MT][TN / 2], uint32_t a[MT][4][4], const uint4 w[MT],
-                                        const uint4 sc[MT], uint64_t d0) {
+                                        const uint4 sc[MT], uint32_t d0) {
     wg_wait<3>();
 #pragma unroll
     for (int t = 0; t < MT; t++)
@@ -108,7 +108,7 @@ __device__ __forceinline__ void wg_stage(int s, int nst, uint32_t sbase, float a
     uint4 w[MT], sc[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) wg_words<FMT, TN, NP, MT>(sbase, buf, warp, lane, t, w[t], sc[t]);
-    const uint64_t d0 = wg_desc_sw128(sbase + buf * wg_stage_bytes(TN, NP, MT));
+    const uint32_t d0 = wg_desc_sw128_lo(sbase + buf * wg_stage_bytes(TN, NP, MT));
     wg_step<FMT, TN, NP, MT, H, 0>(acc, a, w, sc, d0);
     wg_step<FMT, TN, NP, MT, H, 1>(acc, a, w, sc, d0);
     wg_step<FMT, TN, NP, MT, H, 2>(acc, a, w, sc, d0);

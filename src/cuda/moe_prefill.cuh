@@ -49,7 +49,7 @@ __device__ __forceinline__ void wg_words(uint32_t sbase, int buf, int warp, int 
 /* The NP products of 16-k step KS (32 B into the rows of the stage's descriptor d0) for one
  * tile: the hi part and (NP = 2) the lo part one part further, into the same accumulators. */
 template <int TN, int NP, int KS>
-__device__ __forceinline__ void wg_mma_step(float acc[TN / 2], const uint32_t a[4], uint64_t d0) {
+__device__ __forceinline__ void wg_mma_step(float acc[TN / 2], const uint32_t a[4], uint32_t d0) {
     wgmma_tn<TN, KS * 32>(acc, a[0], a[1], a[2], a[3], d0);
     if (NP == 2) wgmma_tn<TN, KS * 32 + wg_part_bytes(TN)>(acc, a[0], a[1], a[2], a[3], d0);
 }

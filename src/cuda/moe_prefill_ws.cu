@@ -83,7 +83,7 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
  * the wait of step 3 the previous stage has left the tensor cores: its slot goes back. */
 template <int FMT, int TN, int NP, int H, int KS>
 __device__ __forceinline__ void wp_step(float acc[2][TN / 2], uint32_t a[2][4][4], const uint4 w[2], const uint4 sc[2],
-                                        uint64_t d0, uint32_t release) {
+                                        uint32_t d0, uint32_t release) {
     wg_wait<3>();
     if (KS == 3 && release) mbar_arrive(release);
 #pragma unroll
@@ -116,7 +116,7 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
             sc[t] = make_uint4(v.x, v.y, 0, 0);
         }
     }
-    const uint64_t d0 = wg_desc_sw128(st);
+    const uint32_t d0 = wg_desc_sw128_lo(st);
     const uint32_t release = !first && lane == 0 ? empty + 8 * ((g + ST - 1) % ST) : 0u;
     wp_step<FMT, TN, NP, H, 0>(acc, a, w, sc, d0, 0u);
     wp_step<FMT, TN, NP, H, 1>(acc, a, w, sc, d0, 0u);

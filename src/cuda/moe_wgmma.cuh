@@ -25,11 +25,12 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t smem_addr, uint32_t lbo, ui
  * 128 B). Rows of 64 fp16 (128 B), 8 rows to a 1024-byte atom, atoms sbo = 1024 apart; lbo is
  * not used when the instruction's K (32 B) lies inside one row. The atom must be 1024-byte
  * aligned (the XOR reads address bits 7-9 as the row); a 16-k step inside it advances the start
- * address by 32 B and the hardware applies the XOR to every address it forms. */
-__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t smem_addr) {
-    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
+ * address by 32 B and the hardware applies the XOR to every address it forms. The upper word
+ * (sbo, swizzle mode) is the same for every such operand: only the lower word is computed. */
+__device__ __forceinline__ uint32_t wg_desc_sw128_lo(uint32_t smem_addr) {
+    return ((smem_addr & 0x3FFFF) >> 4) | (1u << 16);
 }
+#define WG_DESC_SW128_HI ((1024u >> 4) | (1u << 30))
 
 /* The first 1024-byte boundary at or after a shared-memory address (the swizzled B atoms need
  * it; kernels ask for WG_ALIGN_SLACK more dynamic shared memory than their stages take). */
@@ -64,89 +65,91 @@ __device__ __forceinline__ void fence_async_smem() {
 #endif
 }
 
-/* d[64 x N] += A[64 x 16] (registers, this warp's 16 rows) * B[16 x N] (descriptor db plus
- * OFF bytes, added inside the asm so that the compiler keeps one base descriptor live rather
- * than one per instruction; the address field cannot carry: shared memory is < 256 KB).
+/* d[64 x N] += A[64 x 16] (registers, this warp's 16 rows) * B[16 x N] (the 128-byte swizzle
+ * descriptor whose lower word is dlo, plus OFF bytes, added inside the asm so that the compiler
+ * keeps one base live rather than one per instruction; a 32-bit add, as the address field cannot
+ * carry: shared memory is < 256 KB. The 64-bit form cost 25 more instructions per two stages of
+ * k_wgp's consumer loop, sixteenth session).
  * d: N / 2 floats per thread. One wrapper per tile width the kernels use (the operand lists
  * differ in length, so each is spelled out). */
 template <int OFF>
-__device__ __forceinline__ void wgmma_n32(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_n32(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
 #if K3_WGMMA
-    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %21, 0;\nadd.s64 dd, %20, %22;\n"
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %21, 0;\n.reg .b32 lo, hi;\nadd.u32 lo, %20, %22;\nmov.b32 hi, %23;\nmov.b64 dd, {lo, hi};\n"
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
                  "{%16,%17,%18,%19}, dd, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(dlo), "r"(1), "n"(OFF >> 4), "n"(WG_DESC_SW128_HI));
 #else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)dlo;
     __trap();
 #endif
 }
 
 template <int OFF>
-__device__ __forceinline__ void wgmma_n48(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_n48(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
 #if K3_WGMMA
-    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %29, 0;\nadd.s64 dd, %28, %30;\n"
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %29, 0;\n.reg .b32 lo, hi;\nadd.u32 lo, %28, %30;\nmov.b32 hi, %31;\nmov.b64 dd, {lo, hi};\n"
                  "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, "
                  "{%24,%25,%26,%27}, dd, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(dlo), "r"(1), "n"(OFF >> 4), "n"(WG_DESC_SW128_HI));
 #else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)dlo;
     __trap();
 #endif
 }
 
 template <int OFF>
-__device__ __forceinline__ void wgmma_n64(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_n64(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
 #if K3_WGMMA
-    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %37, 0;\nadd.s64 dd, %36, %38;\n"
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %37, 0;\n.reg .b32 lo, hi;\nadd.u32 lo, %36, %38;\nmov.b32 hi, %39;\nmov.b64 dd, {lo, hi};\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
                  "{%32,%33,%34,%35}, dd, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(dlo), "r"(1), "n"(OFF >> 4), "n"(WG_DESC_SW128_HI));
 #else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)dlo;
     __trap();
 #endif
 }
 
 template <int OFF>
-__device__ __forceinline__ void wgmma_n80(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_n80(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
 #if K3_WGMMA
-    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %45, 0;\nadd.s64 dd, %44, %46;\n"
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %45, 0;\n.reg .b32 lo, hi;\nadd.u32 lo, %44, %46;\nmov.b32 hi, %47;\nmov.b64 dd, {lo, hi};\n"
                  "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, "
                  "{%40,%41,%42,%43}, dd, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(dlo), "r"(1), "n"(OFF >> 4), "n"(WG_DESC_SW128_HI));
 #else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)dlo;
     __trap();
 #endif
 }
 
 template <int OFF>
-__device__ __forceinline__ void wgmma_n128(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_n128(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
 #if K3_WGMMA
-    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %69, 0;\nadd.s64 dd, %68, %70;\n"
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %69, 0;\n.reg .b32 lo, hi;\nadd.u32 lo, %68, %70;\nmov.b32 hi, %71;\nmov.b64 dd, {lo, hi};\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
                  "{%64,%65,%66,%67}, dd, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1), "n"(OFF >> 4));
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(dlo), "r"(1), "n"(OFF >> 4), "n"(WG_DESC_SW128_HI));
 #else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)db;
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)dlo;
     __trap();
 #endif
 }
 
 template <int N, int OFF>
-__device__ __forceinline__ void wgmma_tn(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_tn(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
     static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 128, "tile widths 32, 48, 64, 80, 128");
-    if constexpr (N == 32) wgmma_n32<OFF>(d, a0, a1, a2, a3, db);
-    else if constexpr (N == 48) wgmma_n48<OFF>(d, a0, a1, a2, a3, db);
-    else if constexpr (N == 64) wgmma_n64<OFF>(d, a0, a1, a2, a3, db);
-    else if constexpr (N == 80) wgmma_n80<OFF>(d, a0, a1, a2, a3, db);
-    else if constexpr (N == 128) wgmma_n128<OFF>(d, a0, a1, a2, a3, db);
+    if constexpr (N == 32) wgmma_n32<OFF>(d, a0, a1, a2, a3, dlo);
+    else if constexpr (N == 48) wgmma_n48<OFF>(d, a0, a1, a2, a3, dlo);
+    else if constexpr (N == 64) wgmma_n64<OFF>(d, a0, a1, a2, a3, dlo);
+    else if constexpr (N == 80) wgmma_n80<OFF>(d, a0, a1, a2, a3, dlo);
+    else if constexpr (N == 128) wgmma_n128<OFF>(d, a0, a1, a2, a3, dlo);
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
