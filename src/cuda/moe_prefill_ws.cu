@@ -9,15 +9,19 @@
  * weight rows x TN tokens (0.011 bytes per multiply-add at TN = 80) and no barrier of the whole
  * CTA sits in the main loop.
  *
- * 384 threads: warpgroup 0 produces (cp.async of the stage's token rows and the 16 tiles' half
- * units of codes and scales into a ring of shared-memory stages; each thread's copies signal the
- * stage's full barrier when they land: cp.async.mbarrier.arrive.noinc), warpgroups 1 and 2
- * consume (each warp decodes two 16-row tiles, one per 64-row M tile of its warpgroup, into a
- * four-step register ring as in k_wg, and issues per 16-k step and M tile one wgmma
- * m64nTNk16 per fp16 term into the same fp32 accumulators). A consumer warp hands a stage back
- * (empty barrier, 8 arrivals) once the wgmma that read it have retired. The producer gives up
- * registers (setmaxnreg) so the consumers hold 2 x TN / 2 accumulators plus the ring.
- * Persistent: one CTA per SM walks the (work item, 256-row block) jobs with the row blocks of
+ * Warpgroup 0 produces (cp.async of the stage's token rows and the CTA's tiles' half units of
+ * codes and scales into a ring of shared-memory stages; each thread's copies signal the stage's
+ * full barrier when they land: cp.async.mbarrier.arrive.noinc); the other warpgroups consume
+ * (each warp decodes two 16-row tiles, one per 64-row M tile of its warpgroup, into a four-step
+ * register ring as in k_wg, and issues per 16-k step and M tile one wgmma m64nTNk16 per fp16 term
+ * into the same fp32 accumulators). A consumer warp hands a stage back (empty barrier, one arrival
+ * per consumer warp) once the wgmma that read it have retired. The producer gives up registers
+ * (setmaxnreg) so the consumers hold 2 x TN / 2 accumulators plus the ring: two consumer
+ * warpgroups (384 threads, 256 rows per job) at TN = 80, three (512 threads, 384 rows, the
+ * consumers at 128 registers without spills for NVFP4, 8 B for MXFP4 two-term FC1) at TN = 48,
+ * where more warps hide more latency: H100, same call, k_wgp 48 NVFP4 w4a16 T = 2048 / 8192
+ * 14.27 / 49.05 -> 12.88 / 43.06 ms, w4a16-bf16 T = 2048 10.15 -> 8.97 (lab/NOTES.md v22).
+ * Persistent: one CTA per SM walks the (work item, row block) jobs with the row blocks of
  * an item adjacent, so the CTAs in flight share the item's token rows in L2 and the items of one
  * expert (split evenly, MoeRun.split) read its weights while they are still in L2.
  * A wait that never completes traps (mbar_wait) instead of hanging. */
@@ -31,13 +35,24 @@ extern "C" {
 #include "moe/activation.h"
 }
 
-#define WP_THREADS 384
-#define WP_TILES 16 /* 16-row weight tiles per CTA: 2 consumer warpgroups x 2 M tiles x 4 warps */
+/* Consumer warpgroups per CTA (8 tiles of 16 rows each: 2 M tiles x 4 warps): 2, or WP_CW48 for
+ * the 48-token tiles, whose accumulators leave room for a third (lab builds may set it). */
+#ifndef WP_CW48
+#define WP_CW48 3
+#endif
+__host__ __device__ constexpr int wp_cw(int tn) { return tn == 48 ? WP_CW48 : 2; }
+__host__ __device__ constexpr int wp_tiles(int tn) { return 8 * wp_cw(tn); }
+__host__ __device__ constexpr int wp_threads(int tn) { return 128 * (wp_cw(tn) + 1); }
+#define WP_PRODUCERS 128 /* one warpgroup */
 #define WP_SMEM_BUDGET (224 * 1024)
-#define WP_REGS_PRODUCER 56 /* 56 x 128 + 224 x 256 fit the 64 K registers of the SM */
-#define WP_REGS_CONSUMER 224
+#define WP_REGS_PRODUCER 56
+/* the rest of the SM's 64 K registers per consumer thread, in setmaxnreg's multiples of 8:
+ * 224 with two consumer warpgroups, 152 with three */
+__host__ __device__ constexpr int wp_regs_consumer(int tn) {
+    return (65536 - WP_REGS_PRODUCER * WP_PRODUCERS) / (128 * wp_cw(tn)) / 8 * 8;
+}
 
-__host__ __device__ constexpr int wp_stage_bytes(int tn, int np) { return np * wg_part_bytes(tn) + WP_TILES * WG_WBYTES; }
+__host__ __device__ constexpr int wp_stage_bytes(int tn, int np) { return np * wg_part_bytes(tn) + wp_tiles(tn) * WG_WBYTES; }
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
     return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < 8 ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : 8;
 }
@@ -50,11 +65,12 @@ __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stag
  * where the format has one, from that tile's unit pointers (wt, sct: the job's unit 0, so a stage
  * costs no division and no index arithmetic; the per-piece division of the earlier loop made the
  * producer 27% of the kernel's instructions, ncu, lab/NOTES.md v22). */
+#define WP_TPT(tn) ((wp_tiles(tn) + 15) / 16) /* tiles per producer thread (16 tiles per pass) */
 template <int FMT, int TN, int NP, int FC2>
 __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[2], const int nrow,
-                                        const uint8_t *wt, const uint8_t *sct, int tid) {
+                                        const uint8_t *const wt[WP_TPT(TN)], const uint8_t *const sct[WP_TPT(TN)],
+                                        int tid) {
     constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    static_assert(WP_TILES * 8 == WP_THREADS / 3, "one producer thread per 16-byte column of a tile's code rows");
     const int K = FC2 ? m.I : m.H, pair = tid & 1;
 #pragma unroll
     for (int rr = 0; rr < (TN + 63) / 64; rr++) {
@@ -71,11 +87,17 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
         }
     }
     const int c = s >> 1, h = s & 1, pc = tid & 7;
-    const uint32_t wd = st + NP * wg_part_bytes(TN) + (tid >> 3) * WG_WBYTES + pc * 16;
-    const uint8_t *w = wt + (size_t)c * UNIT_W + h * 512;
 #pragma unroll
-    for (int j = 0; j < 4; j++) cp_async16(wd + j * 128, w + j * 128, 16);
-    if (pc < SBY / 16) cp_async16(wd + 512, sct + (size_t)c * SBY, 16);
+    for (int u = 0; u < WP_TPT(TN); u++) {
+        const int ti = (tid >> 3) + 16 * u;
+        if (ti < wp_tiles(TN)) {
+            const uint32_t wd = st + NP * wg_part_bytes(TN) + ti * WG_WBYTES + pc * 16;
+            const uint8_t *w = wt[u] + (size_t)c * UNIT_W + h * 512;
+#pragma unroll
+            for (int j = 0; j < 4; j++) cp_async16(wd + j * 128, w + j * 128, 16);
+            if (pc < SBY / 16) cp_async16(wd + 512, sct[u] + (size_t)c * SBY, 16);
+        }
+    }
 }
 
 /* One consumer 16-k step KS of half H (as k_wg's wg_step, two M tiles): once this warp's
@@ -125,35 +147,39 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
 }
 
 template <int FMT, int ACT, int TN, int FC2, int NP>
-__global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
-    constexpr int ST = wp_stages(TN, NP);
+__global__ void __launch_bounds__(wp_threads(TN), 1) k_wgp(MoeDev m, MoeRun r) {
+    constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN);
     extern __shared__ __align__(1024) uint8_t wsm[];
     __shared__ __align__(8) uint64_t bars[16];
     const int tid = threadIdx.x, lane = tid & 31;
     const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * 8;
     if (tid == 0) {
         for (int b = 0; b < ST; b++) {
-            mbar_init(full + 8 * b, WP_THREADS / 3);
-            mbar_init(empty + 8 * b, 8);
+            mbar_init(full + 8 * b, WP_PRODUCERS);
+            mbar_init(empty + 8 * b, 4 * wp_cw(TN));
         }
         mbar_init_fence();
     }
     __syncthreads();
     const int mtiles = FC2 ? m.m2 : m.m1, nst = 2 * (FC2 ? m.nk2 : m.nk1), K = FC2 ? m.I : m.H;
-    const int nrb = (mtiles + WP_TILES - 1) / WP_TILES, jobs = r.ctl[1] * nrb;
+    const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
     uint32_t sg = 0; /* stages begun so far in this CTA: the same sequence in every role */
-    if (tid < WP_THREADS / 3) {
+    if (tid < WP_PRODUCERS) {
         regs_dec<WP_REGS_PRODUCER>();
         const __half *plain = (const __half *)(FC2 ? r.hq : r.xq);
         for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
             const int wi = job / nrb, rb = job - wi * nrb;
             const int4 wk = r.work[wi];
             const int nrow = wk.z < TN ? wk.z : TN;
-            /* this thread's tile (tiles past the end copy the last one; nothing stores them) */
-            const int mt = rb * WP_TILES + (tid >> 3), nk = FC2 ? m.nk2 : m.nk1;
-            const size_t unit0 = ((size_t)wk.x * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk;
-            const uint8_t *wt = (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit0 * UNIT_W + (tid & 7) * 16;
-            const uint8_t *sct = (FC2 ? m.s2 : m.s1) + unit0 * (FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX) + (tid & 7) * 16;
+            /* this thread's tiles (tiles past the end copy the last one; nothing stores them) */
+            const uint8_t *wt[WP_TPT(TN)], *sct[WP_TPT(TN)];
+#pragma unroll
+            for (int u = 0; u < WP_TPT(TN); u++) {
+                const int mt = rb * TILES + (tid >> 3) + 16 * u, nk = FC2 ? m.nk2 : m.nk1;
+                const size_t unit0 = ((size_t)wk.x * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk;
+                wt[u] = (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit0 * UNIT_W + (tid & 7) * 16;
+                sct[u] = (FC2 ? m.s2 : m.s1) + unit0 * (FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX) + (tid & 7) * 16;
+            }
             const __half *src[2];
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
@@ -173,7 +199,7 @@ __global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
         cp_async_wait<0>();
         return;
     }
-    regs_inc<WP_REGS_CONSUMER>();
+    regs_inc<wp_regs_consumer(TN)>();
     const int cw = (tid >> 5) - 4, wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
     const int ti0 = wgi * 8 + wq; /* this warp's tiles: ti0 (M tile 0) and ti0 + 4 (M tile 1) */
     for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
@@ -195,7 +221,7 @@ __global__ void __launch_bounds__(WP_THREADS, 1) k_wgp(MoeDev m, MoeRun r) {
         sg += nst;
 #pragma unroll
         for (int t = 0; t < 2; t++) {
-            const int mt = rb * WP_TILES + ti0 + 4 * t;
+            const int mt = rb * TILES + ti0 + 4 * t;
             if (mt < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, wk.x, wk.y, wk.z, mt, g, q, acc[t]);
         }
     }
@@ -244,7 +270,7 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
     const int smem = (tn == 48 ? wp_smem_bytes(48, r.np) : wp_smem_bytes(80, r.np)) + WG_ALIGN_SLACK;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    k<<<m->n_sm, WP_THREADS, smem, st>>>(d, r);
+    k<<<m->n_sm, tn == 48 ? wp_threads(48) : wp_threads(80), smem, st>>>(d, r);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, fc2 ? "k_wgp<fc2><<<>>>" : "k_wgp<fc1><<<>>>", __FILE__, __LINE__);
 }
