@@ -60,15 +60,15 @@ __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stag
 
 /* The producer's copies of stage s of a job: its token rows (two threads per row, alternate
  * 16-byte pieces: one 32-byte sector per pair; rows past the item's tokens are not copied, their
- * columns are never stored) and the 16 tiles' half units: thread tid copies tile tid / 8's code
- * pieces tid % 8 + 8 j (j < 4: 128 contiguous bytes per 8 threads) and its scale piece tid % 8
- * where the format has one, from that tile's unit pointers (wt, sct: the job's unit 0, so a stage
- * costs no division and no index arithmetic; the per-piece division of the earlier loop made the
- * producer 27% of the kernel's instructions, ncu, lab/NOTES.md v22). */
-#define WP_TPT(tn) ((wp_tiles(tn) + 15) / 16) /* tiles per producer thread (16 tiles per pass) */
+ * columns are never stored) and the CTA's tiles' half units: thread tid copies, of tiles
+ * tid / 8 + 16 u, the code pieces tid % 8 + 8 j (j < 4: 128 contiguous bytes per 8 threads) and
+ * the scale piece tid % 8 where the format has one, from the tiles' unit pointers (wt, sct: the
+ * job's unit 0, so a stage costs no division and no index arithmetic; the per-piece division of
+ * the earlier loop made the producer 27% of the kernel's instructions, ncu, lab/NOTES.md v22). */
+__host__ __device__ constexpr int wp_tpt(int tn) { return (wp_tiles(tn) + 15) / 16; } /* tiles per producer thread */
 template <int FMT, int TN, int NP, int FC2>
 __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[2], const int nrow,
-                                        const uint8_t *const wt[WP_TPT(TN)], const uint8_t *const sct[WP_TPT(TN)],
+                                        const uint8_t *const wt[wp_tpt(TN)], const uint8_t *const sct[wp_tpt(TN)],
                                         int tid) {
     constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     const int K = FC2 ? m.I : m.H, pair = tid & 1;
@@ -88,7 +88,7 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
     }
     const int c = s >> 1, h = s & 1, pc = tid & 7;
 #pragma unroll
-    for (int u = 0; u < WP_TPT(TN); u++) {
+    for (int u = 0; u < wp_tpt(TN); u++) {
         const int ti = (tid >> 3) + 16 * u;
         if (ti < wp_tiles(TN)) {
             const uint32_t wd = st + NP * wg_part_bytes(TN) + ti * WG_WBYTES + pc * 16;
@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(wp_threads(TN), 1) k_wgp(MoeDev m, MoeRun r) {
             const int4 wk = r.work[wi];
             const int nrow = wk.z < TN ? wk.z : TN;
             /* this thread's tiles (tiles past the end copy the last one; nothing stores them) */
-            const uint8_t *wt[WP_TPT(TN)], *sct[WP_TPT(TN)];
+            const uint8_t *wt[wp_tpt(TN)], *sct[wp_tpt(TN)];
 #pragma unroll
-            for (int u = 0; u < WP_TPT(TN); u++) {
+            for (int u = 0; u < wp_tpt(TN); u++) {
                 const int mt = rb * TILES + (tid >> 3) + 16 * u, nk = FC2 ? m.nk2 : m.nk1;
                 const size_t unit0 = ((size_t)wk.x * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk;
                 wt[u] = (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit0 * UNIT_W + (tid & 7) * 16;
