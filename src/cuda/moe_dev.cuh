@@ -127,6 +127,8 @@ __device__ __forceinline__ uint4 ld_v4(const uint4 *p) {
     return v;
 }
 
+/* A load nvcc cannot merge with an earlier load of the same address: the fused unit loop reads its
+ * work item again after the chunk loop instead of holding it in registers across it. */
 __device__ __forceinline__ int4 ld_v4i(const int4 *p) {
     int4 v;
     asm volatile("ld.global.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));

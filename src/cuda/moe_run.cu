@@ -258,6 +258,9 @@ __device__ __forceinline__ int opaque_zero() {
  * of a (token, tile group) to finish FC2 sums that token's 64 output columns over its local slots
  * in slot order (deterministic; tokens with no local slot are zeroed by k_fused). Each hand-off:
  * the CTA's stores, a fence, the counter; the last CTA fences again before reading. */
+/* The first 16-row tile of this warp pair's half of unit v (W work items, the fast index). */
+__device__ __forceinline__ int halves_mt(int v, int W) { return (v / W * 2 + ((threadIdx.x >> 5) & 1)) * FC_MT; }
+
 template <int FMT, int ACT, int FC2>
 __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, int W, float (*red)[FC_MT * 4][32]) {
     constexpr int MT = FC_MT, S = FUSED_HALVES_SLOTS;
@@ -279,14 +282,14 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
         {
             const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, nk = (FC2 ? m.nk2 : m.nk1) + z;
             const int Wv = *(volatile int *)&wsh, v = next, lane = threadIdx.x & 31, upper = (threadIdx.x >> 5) >= 2;
-            const int mt = (v / Wv * 2 + ((threadIdx.x >> 5) & 1)) * MT;
+            const int mt = halves_mt(v, Wv);
             if (mt < mtiles)
                 tile_mma_fit<FMT, 1, FC2, 2, MT, 1>(m, r, r.work[v % Wv], mt, upper ? nk / 2 : 0, upper ? nk : nk / 2,
                                                  lane, acc);
         }
         const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, G = fused_groups(mtiles);
         const int Wv = *(volatile int *)&wsh, v = *(volatile int *)&next, lane = threadIdx.x & 31;
-        const int wi = v % Wv, grp = v / Wv, mt = (grp * 2 + ((threadIdx.x >> 5) & 1)) * MT;
+        const int wi = v % Wv, grp = v / Wv, mt = halves_mt(v, Wv);
         const bool active = mt < mtiles;
         const int4 wk = ld_v4i(r.work + wi);
         if (ksplit_reduce<MT>(acc, active, red, 2))
@@ -548,8 +551,10 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
  * tokens per expert) 7.07 / 9.64 / 12.43; 2048 (~37) 12.01 / 10.59 / 12.99; 4096 (~73) 18.18 /
  * 20.01 / 15.81; 8192 (~146) 36.14 / 36.01 / 28.51; w4a16 1024 9.95 (k_wg) / 12.98 / 17.54,
  * 2048 13.77 / 18.38 (k_wg 16.7 before the change), 4096 28.31 / 23.21, 8192 49.93 / 41.41
- * (lab/NOTES.md v22). The crossover between 18 and 37 tokens is not measured. Width: ceil(n / w)
- * items of cost 1 (48 tokens) or 1.6 (80), which picks the faster width at every T above.
+ * (lab/NOTES.md v22). After the 48-token tiles took a third consumer warpgroup (10-13% faster),
+ * the crossover with k_wg 32 measured between 27 and 32 tokens per expert (T = 1536 level, 1792
+ * k_wgp 13% faster; docs/BENCHMARKS.md). Width: ceil(n / w) items of cost 1 (48 tokens) or 1.6
+ * (80), which picks the faster width at every T above.
  * Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
 #define WP_MIN_TOKENS_PER_EXPERT 32
 
