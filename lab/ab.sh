@@ -5,7 +5,7 @@
 #   TESTS: lab/bin/test_NAME binaries to run first (the GPU tests), the first one also under
 #   compute-sanitizer memcheck (the expert-parallel test: grouped and fused).
 #   FUSED_T / GROUPED_T: the token counts of the fused and grouped runs (grouped only NVFP4 and
-#   MXFP4 of the first and last NAME). Two rounds, the second in reverse order.
+#   MXFP4 of the first and last NAME, or of GROUPED_NAMES). Two rounds, the second in reverse order.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -27,7 +27,7 @@ for t in ${TESTS:-}; do
 done
 names=("$@")
 rev=(); for ((i = ${#names[@]} - 1; i >= 0; i--)); do rev+=("${names[$i]}"); done
-gnames="${names[0]} ${names[${#names[@]}-1]}"
+gnames=${GROUPED_NAMES:-"${names[0]} ${names[${#names[@]}-1]}"}
 for r in 1 2; do
   if [ $r = 1 ]; then ns=("${names[@]}"); else ns=("${rev[@]}"); fi
   for n in "${ns[@]}"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lab, on the device: same-call A/B of prefill-size GEMM variants (lab/NOTES.md "Next").
-# Usage (from the repository root, with lab/bin and .libs carried):
+# Usage (from the repository root, with lab/bin and .libs carried; MODES, WGPS and PREFILL_T narrow the runs):
 #   [SKIP_TESTS=1] [TEST_TIMEOUT=S] [TESTS_ONLY=1] lab/ab_prefill.sh NAME...   e.g. lab/ab_prefill.sh old sw128
 # For each NAME with a lab/bin/test_NAME: test_wgmma_path (every pinned width, both formats)
 # with the widest relL2 per width; then, for each NAME, lab/bin/bench_NAME at T = 1024 .. 8192,
@@ -22,10 +22,10 @@ for n in "$@"; do
        END {for (w in m) printf "  width %s: %d cases, max relL2 %.3g\n", w, n[w], m[w]}' "$out/test_$n.log"
 done
 [ -n "${TESTS_ONLY:-}" ] && exit 0
-for mode in w4a16 w4a16-bf16; do
-  for p in 0 80 48; do
+for mode in ${MODES:-w4a16 w4a16-bf16}; do
+  for p in ${WGPS:-0 80 48}; do
     for n in "$@"; do
-      timeout 90 lab/bin/bench_$n --fmt nvfp4 --backend cuda --mode $mode --T 1024,2048,4096,8192 --reps 5 --wgp $p \
+      timeout 90 lab/bin/bench_$n --fmt nvfp4 --backend cuda --mode $mode --T ${PREFILL_T:-1024,2048,4096,8192} --reps 5 --wgp $p \
         > /tmp/ab_run.tsv 2>&1
       { echo "## $n wgp $p $mode"; cat /tmp/ab_run.tsv; } >> "$out/ab.tsv"
       awk -v n=$n -v p=$p '$1 == "k3" {printf "%-6s wgp%-2s %-10s T=%-5s %9.1f us %6.1f TF  %s\n", n, p, $13, $4, $5, $11, $12}' \

@@ -75,7 +75,8 @@ struct MoeRun {
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
     unsigned long long *stamps;    /* fused, benchmark only (else NULL): block 0's %globaltimer at
-                                      the start, after each grid barrier and at its end [6] */
+                                      the start, after each phase and at its end [6] (with one
+                                      barrier, stamp 2 is block 0's own end of FC1) */
 };
 
 /* Where the fused kernel's 6 stamps live: bytes 16..63 of the ctl block (ensure_ws; its hand-off

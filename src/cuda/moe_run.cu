@@ -14,7 +14,7 @@
  * The four launches after prep are programmatic dependent launches (launch_chain): each may
  * start while its predecessor drains and waits (pdl_wait) before reading what it wrote.
  * Fused (decode): the same stages in one cooperative persistent kernel; T*k <= 64 streams them
- * through per-item and per-token counters with two grid barriers, larger batches take four;
+ * through per-item and per-token counters and flags after one grid barrier, larger batches take four;
  * T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
  * Kernel specializations: format x activation x tokens-per-tile x fp16 terms per activation
  * (grouped: two in w4a16, one in w4a16-bf16 and w4a4) and format x activation x K split (fused,
@@ -231,7 +231,7 @@ __device__ __forceinline__ void fused_whole(const MoeDev &m, const MoeRun &r, in
 /* Decode sizes (T*k <= S = FUSED_HALVES_SLOTS, so at most S tokens and S work items). Counters
  * of the stream hand-offs, after the stamps in the ctl block (ensure_ws), zeroed by the
  * dispatch: local slots per token [S], finished FC1 units per work item [S], finished FC2 units
- * per (token, tile group) [S x groups]. */
+ * per (token, tile group) [S x groups], h ready per work item [S]. */
 #define FUSED_TILES 4 /* 16-row tiles per unit: 2 warps per K half x FC_MT */
 #define FUSED_HALVES_SLOTS 64 /* T*k of the halves path: the counters are sized for it */
 __device__ __forceinline__ int *fused_cnt(const MoeRun &r) { return r.ctl + 16; }
@@ -239,7 +239,10 @@ static __host__ __device__ __forceinline__ int fused_groups(int mtiles) {
     return (mtiles + FUSED_TILES - 1) / FUSED_TILES;
 }
 static __host__ __device__ __forceinline__ int fused_cnt_ints(int m2) {
-    return FUSED_HALVES_SLOTS * (2 + fused_groups(m2));
+    return FUSED_HALVES_SLOTS * (3 + fused_groups(m2));
+}
+__device__ __forceinline__ int *fused_ready(const MoeRun &r, int m2) {
+    return fused_cnt(r) + FUSED_HALVES_SLOTS * (2 + fused_groups(m2));
 }
 
 /* An integer the compiler cannot see through: values derived from it are computed where they are
@@ -252,20 +255,26 @@ __device__ __forceinline__ int opaque_zero() {
 
 /* One halves GEMM phase: the grouped k_fc CTA body (warps 0-1 the lower K half, 2-3 the upper,
  * FC_MT tiles per warp sharing the B fragments, the halves added lower + upper through shared
- * memory) over units (work item, group of FUSED_TILES tiles) taken from a queue, work items the
- * fast index. No hconv or finalize phase follows: the last unit of a work item to finish FC1
- * (counter per item) converts that item's h rows, whose |h| max is then complete; the last unit
- * of a (token, tile group) to finish FC2 sums that token's 64 output columns over its local slots
- * in slot order (deterministic; tokens with no local slot are zeroed by k_fused). Each hand-off:
- * the CTA's stores, a fence, the counter; the last CTA fences again before reading. */
-/* The first 16-row tile of this warp pair's half of unit v (W work items, the fast index). */
-__device__ __forceinline__ int halves_mt(int v, int W) { return (v / W * 2 + ((threadIdx.x >> 5) & 1)) * FC_MT; }
+ * memory) over units (work item v / G, group v % G of FUSED_TILES tiles: the items the slow
+ * index). A CTA's first unit is its index, a queue hands out the rest. No hconv or finalize phase
+ * follows and no grid barrier separates FC1 from FC2: the last unit of a work item to finish FC1
+ * (counter per item) converts that item's h rows, whose |h| max is then complete, and raises the
+ * item's ready flag, which its FC2 units wait for; the last unit of a (token, tile group) to
+ * finish FC2 sums that token's 64 output columns over its local slots in slot order
+ * (deterministic; tokens with no local slot are zeroed by k_fused). Each hand-off: the CTA's
+ * stores, a fence, the counter or flag; the reading CTA fences (acquires) before reading.
+ * Why the items are the slow index: they then finish FC1 one after another, so the CTAs that run
+ * out of FC1 units stream the FC2 weights of finished items while the last FC1 units run, instead
+ * of idling at a grid barrier (with the items the fast index every item finished at the end of
+ * FC1, and the same flags without the barrier were 11 us slower at T = 1, v19). No wait can
+ * deadlock: a CTA enters FC2 only when every FC1 unit has been handed out to a running CTA. */
+__device__ __forceinline__ int halves_mt(int v, int G) { return (v % G * 2 + ((threadIdx.x >> 5) & 1)) * FC_MT; }
 
 template <int FMT, int ACT, int FC2>
 __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, int W, float (*red)[FC_MT * 4][32]) {
     constexpr int MT = FC_MT, S = FUSED_HALVES_SLOTS;
     __shared__ int next, lastbits, wsh;
-    if (threadIdx.x == 0) wsh = W;
+    if (threadIdx.x == 0) wsh = W, next = -1;
     __syncthreads(); /* every thread reads wsh from the first iteration on */
     /* Only `next` and `wsh` (shared memory) carry the unit loop: everything else is derived again
      * from the kernel parameters in each iteration, before and after the chunk loop, so that the
@@ -274,22 +283,31 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
     for (;;) {
         {
             const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, Wv = *(volatile int *)&wsh;
-            if (threadIdx.x == 0) next = atomicAdd(r.ctl + 2 + FC2 + z, 1);
+            if (threadIdx.x == 0) next = next < 0 ? blockIdx.x : (int)gridDim.x + atomicAdd(r.ctl + 2 + FC2 + z, 1);
+            if (FC2 && threadIdx.x == 0 && next < Wv * fused_groups(mtiles)) { /* wait for the item's h */
+                const int *rdy = fused_ready(r, m.m2) + z + next / fused_groups(mtiles);
+                for (;;) {
+                    int v;
+                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(rdy) : "memory");
+                    if (v) break;
+                    __nanosleep(64);
+                }
+            }
             __syncthreads();
             if (next >= Wv * fused_groups(mtiles)) break; /* next is rewritten only after ksplit_reduce */
         }
         float acc[MT][4];
         {
             const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, nk = (FC2 ? m.nk2 : m.nk1) + z;
-            const int Wv = *(volatile int *)&wsh, v = next, lane = threadIdx.x & 31, upper = (threadIdx.x >> 5) >= 2;
-            const int mt = halves_mt(v, Wv);
+            const int v = next, lane = threadIdx.x & 31, upper = (threadIdx.x >> 5) >= 2;
+            const int G = fused_groups(mtiles), mt = halves_mt(v, G);
             if (mt < mtiles)
-                tile_mma_fit<FMT, 1, FC2, 2, MT, 1>(m, r, r.work[v % Wv], mt, upper ? nk / 2 : 0, upper ? nk : nk / 2,
-                                                 lane, acc);
+                tile_mma_fit<FMT, 1, FC2, 2, MT, 1>(m, r, r.work[v / G], mt, upper ? nk / 2 : 0, upper ? nk : nk / 2, lane,
+                                                 acc);
         }
         const int z = opaque_zero(), mtiles = (FC2 ? m.m2 : m.m1) + z, G = fused_groups(mtiles);
-        const int Wv = *(volatile int *)&wsh, v = *(volatile int *)&next, lane = threadIdx.x & 31;
-        const int wi = v % Wv, grp = v / Wv, mt = halves_mt(v, Wv);
+        const int v = *(volatile int *)&next, lane = threadIdx.x & 31;
+        const int wi = v / G, grp = v % G, mt = halves_mt(v, G);
         const bool active = mt < mtiles;
         const int4 wk = ld_v4i(r.work + wi);
         if (ksplit_reduce<MT>(acc, active, red, 2))
@@ -316,6 +334,11 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
         const int bits = lastbits;
         if (bits && !FC2) {
             for (int j = 0; j < wk.z; j++) hconv_row(m, r, wk.y + j, threadIdx.x, blockDim.x);
+            __syncthreads(); /* bits is the same in every thread */
+            if (threadIdx.x == 0) {
+                __threadfence();
+                asm volatile("st.release.gpu.global.s32 [%0], 1;" ::"l"(fused_ready(r, m.m2) + z + wi) : "memory");
+            }
         } else if (bits) {
             const int c = grp * FUSED_TILES * 16 + threadIdx.x;
             for (int j = 0; j < wk.z; j++)
@@ -328,20 +351,22 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
 /* One persistent kernel: dispatch + x prep, FC1, FC2 and the weighted sum. It reads both fp16
  * terms in every mode (NP = 2: in w4a4 / w4a16-bf16 the lo terms are zero or tiny) so that its
  * instantiations stay format x activation x K split.
- * KS = 2 (T*k <= 64): two grid barriers (after the dispatch, after FC1); the units stream into
- * each other through the counters of fused_halves. FUSED_MINB = 7 CTAs of 4 warps per SM: 72
- * registers (ptxas, nvcc 13.0: 8-24 B of stack, none of it in the chunk loops: 354 instructions
- * per chunk against k_fc's 343, no LDL / STL). H100, one call, NVFP4 T = 1 / 2 / 4: 136 / 244 /
- * 418 us against 144 / 245 / 426 at 6 CTAs per SM and 148 / 239 / 425 at 8 (lab/NOTES.md v22;
- * before fused_halves stopped spilling into its chunk loops, 7 CTAs per SM had been the slowest).
- * Measured and not kept (H200, v19): an L2 prefetch of each CTA's first FC1 / FC2 unit across the
- * two waits, +3 us; FC2 units that wait on a per-item flag instead of the second barrier, +11 us.
- * (H100, v22: fetching the next unit from the queue while the current one reduces: level.)
+ * KS = 2 (T*k <= 64): one grid barrier (after the dispatch); the units stream into each other
+ * through the counters and flags of fused_halves. H100, one call, NVFP4 T = 1 / 2 / 4, with a
+ * barrier after FC1 and the items the fast index: 135-137 / 244-247 / 419-421 us; the items the
+ * slow index with ready flags instead of that barrier: 136-137 / 225 / 395; that and each CTA's
+ * first unit its index (no queue atomic ahead of the first weight load): 124-125 / 223-224 / 394
+ * (lab/NOTES.md v23). FUSED_MINB = 7 CTAs of 4 warps per SM: 72 registers (ptxas, nvcc 13.0,
+ * none of the stack in the chunk loops, no LDL / STL there). H100, one call, 136 / 244 / 418 us
+ * against 144 / 245 / 426 at 6 CTAs per SM and 148 / 239 / 425 at 8 (v22).
+ * Measured and not kept: an L2 prefetch of each CTA's first FC1 / FC2 unit across the two waits
+ * (H200, v19), +3 us; fetching the next unit from the queue while the current one reduces (H100,
+ * v22), level; an L2 bulk prefetch 3 or 6 chunks ahead in the chunk loop (H100, v23), +60%.
  * KS = 1: four grid barriers with an hconv and a finalize phase between the GEMM phases. */
 #ifndef FUSED_MINB /* lab builds may set it (lab/variant.sh -DFUSED_MINB=N) */
 #define FUSED_MINB 7
 #endif
-#define FUSED_BARRIERS(ks) ((ks) == 2 ? 2 : 4)
+#define FUSED_BARRIERS(ks) ((ks) == 2 ? 1 : 4)
 template <int FMT, int ACT, int KS>
 __global__ void __launch_bounds__(128, KS == 2 ? FUSED_MINB : 1) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
@@ -360,7 +385,6 @@ __global__ void __launch_bounds__(128, KS == 2 ? FUSED_MINB : 1) k_fused(MoeDev 
             if (fused_cnt(r)[t] == 0)
                 for (int c = threadIdx.x; c < m.H; c += blockDim.x) r.y[(size_t)t * m.H + c] = 0.f;
         fused_halves<FMT, ACT, 0>(m, r, W, red);
-        grid_sync(r.bar, base + 2ull * nb);
         fused_stamp(r, 2);
         fused_stamp(r, 3);
         fused_halves<FMT, ACT, 1>(m, r, W, red);
