@@ -12,15 +12,21 @@
  * Warpgroup 0 produces (cp.async of the stage's token rows and the CTA's tiles' half units of
  * codes and scales into a ring of shared-memory stages; each thread's copies signal the stage's
  * full barrier when they land: cp.async.mbarrier.arrive.noinc); the other warpgroups consume
- * (each warp decodes two 16-row tiles, one per 64-row M tile of its warpgroup, into a four-step
- * register ring as in k_wg, and issues per 16-k step and M tile one wgmma m64nTNk16 per fp16 term
- * into the same fp32 accumulators). A consumer warp hands a stage back (empty barrier, one arrival
- * per consumer warp) once the wgmma that read it have retired. The producer gives up registers
- * (setmaxnreg) so the consumers hold 2 x TN / 2 accumulators plus the ring: two consumer
- * warpgroups (384 threads, 256 rows per job) at TN = 80, three (512 threads, 384 rows, the
- * consumers at 128 registers without spills for NVFP4, 8 B for MXFP4 two-term FC1) at TN = 48,
- * where more warps hide more latency: H100, same call, k_wgp 48 NVFP4 w4a16 T = 2048 / 8192
- * 14.27 / 49.05 -> 12.88 / 43.06 ms, w4a16-bf16 T = 2048 10.15 -> 8.97 (lab/NOTES.md v22).
+ * (each warp decodes one 16-row tile per 64-row M tile of its warpgroup, MTW of them, into a
+ * four-step register ring as in k_wg, and issues per 16-k step and M tile one wgmma m64nTNk16 per
+ * fp16 term into the same fp32 accumulators). A consumer warp hands a stage back (empty barrier,
+ * one arrival per consumer warp) once the wgmma that read it have retired. The producer gives up
+ * registers (setmaxnreg) so the consumers hold MTW x TN / 2 accumulators plus the ring. The
+ * consumers are latency-bound (ncu, v23: fixed-latency and dispatch stalls, tensor pipe ~56%,
+ * issue 0.39 per scheduler), so more warps per SM pay where registers allow them:
+ *  - TN = 48: three consumer warpgroups of MTW = 2 (512 threads, 384 rows per job, 128 registers,
+ *    no spills for NVFP4, 8 B for MXFP4 two-term FC1): H100, same call, NVFP4 w4a16 T = 2048 /
+ *    8192 14.27 / 49.05 -> 12.88 / 43.06 ms against two, w4a16-bf16 T = 2048 10.15 -> 8.97 (v22);
+ *  - TN = 80 FC1: four consumer warpgroups of MTW = 1 (640 threads, 256 rows, 96 registers, no
+ *    spills): H100, same call, two rounds, automatic path T = 8192 w4a16 39.55 / 39.76 -> 38.48 /
+ *    38.30 ms, w4a16-bf16 27.64 / 27.38 -> 26.54 / 26.43 against two of MTW = 2 (v23);
+ *  - TN = 80 FC2 keeps two of MTW = 2: with four its stage ran 5-7% slower (its epilogue is
+ *    short, so the extra instructions of four warpgroups per weight byte count).
  * Persistent: one CTA per SM walks the (work item, row block) jobs with the row blocks of
  * an item adjacent, so the CTAs in flight share the item's token rows in L2 and the items of one
  * expert (split evenly, MoeRun.split) read its weights while they are still in L2.
@@ -40,17 +46,33 @@ extern "C" {
 #ifndef WP_CW48
 #define WP_CW48 3
 #endif
-__host__ __device__ constexpr int wp_cw(int tn) { return tn == 48 ? WP_CW48 : 2; }
-__host__ __device__ constexpr int wp_tiles(int tn) { return 8 * wp_cw(tn); }
-__host__ __device__ constexpr int wp_threads(int tn) { return 128 * (wp_cw(tn) + 1); }
+#ifndef WP_MTW80_FC1 /* M tiles per consumer warp in the 80-token FC1 kernels (lab builds may set it) */
+#define WP_MTW80_FC1 1
+#endif
+/* 16-row tiles per job (the stage layout, the same for FC1 and FC2), M tiles per consumer warp,
+ * consumer warpgroups: each warpgroup covers MTW 64-row M tiles. */
+__host__ __device__ constexpr int wp_tiles(int tn) { return tn == 48 ? 8 * WP_CW48 : 16; }
+__host__ __device__ constexpr int wp_mtw(int tn, int fc2) { return tn == 80 && !fc2 ? WP_MTW80_FC1 : 2; }
+__host__ __device__ constexpr int wp_cw(int tn, int fc2) { return wp_tiles(tn) / (4 * wp_mtw(tn, fc2)); }
+__host__ __device__ constexpr int wp_threads(int tn, int fc2) { return 128 * (wp_cw(tn, fc2) + 1); }
 #define WP_PRODUCERS 128 /* one warpgroup */
 #define WP_SMEM_BUDGET (224 * 1024)
 #define WP_REGS_PRODUCER 56
-/* the rest of the SM's 64 K registers per consumer thread, in setmaxnreg's multiples of 8:
- * 224 with two consumer warpgroups, 152 with three */
-__host__ __device__ constexpr int wp_regs_consumer(int tn) {
-    return (65536 - WP_REGS_PRODUCER * WP_PRODUCERS) / (128 * wp_cw(tn)) / 8 * 8;
+/* setmaxnreg moves registers only within what the launch allocated (the per-thread cap of
+ * __launch_bounds__, 64 K / threads in multiples of 8): the consumers get that cap plus what the
+ * producer gives up, 224 with two consumer warpgroups, 152 with three, 104 with four (a larger
+ * value than the pool holds makes setmaxnreg.inc wait forever). */
+__host__ __device__ constexpr int wp_regs_launch(int tn, int fc2) { return 65536 / wp_threads(tn, fc2) / 8 * 8; }
+__host__ __device__ constexpr int wp_regs_consumer(int tn, int fc2) {
+    return (wp_regs_launch(tn, fc2) + (wp_regs_launch(tn, fc2) - WP_REGS_PRODUCER) * WP_PRODUCERS / (128 * wp_cw(tn, fc2))) /
+           8 * 8;
 }
+__host__ __device__ constexpr bool wp_pool_ok(int tn, int fc2) {
+    return wp_regs_consumer(tn, fc2) * 128 * wp_cw(tn, fc2) + WP_REGS_PRODUCER * WP_PRODUCERS <=
+           wp_regs_launch(tn, fc2) * wp_threads(tn, fc2);
+}
+static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_pool_ok(80, 1), "k_wgp: register pool");
+static_assert(wp_tiles(80) % 4 == 0 && wp_tiles(80) / 4 % WP_MTW80_FC1 == 0, "k_wgp 80: M tiles per warpgroup");
 
 __host__ __device__ constexpr int wp_stage_bytes(int tn, int np) { return np * wg_part_bytes(tn) + wp_tiles(tn) * WG_WBYTES; }
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
@@ -103,32 +125,32 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
 /* One consumer 16-k step KS of half H (as k_wg's wg_step, two M tiles): once this warp's
  * fourth-newest group has retired, its ring slot KS is rewritten and the step issued. After
  * the wait of step 3 the previous stage has left the tensor cores: its slot goes back. */
-template <int FMT, int TN, int NP, int H, int KS>
-__device__ __forceinline__ void wp_step(float acc[2][TN / 2], uint32_t a[2][4][4], const uint4 w[2], const uint4 sc[2],
-                                        uint32_t d0, uint32_t release) {
+template <int FMT, int TN, int NP, int MTW, int H, int KS>
+__device__ __forceinline__ void wp_step(float acc[MTW][TN / 2], uint32_t a[MTW][4][4], const uint4 w[MTW],
+                                        const uint4 sc[MTW], uint32_t d0, uint32_t release) {
     wg_wait<3>();
     if (KS == 3 && release) mbar_arrive(release);
 #pragma unroll
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < MTW; t++)
         decode_step<FMT>(w[t], w[t], sc[t], 4 * H + KS, a[t][KS][0], a[t][KS][1], a[t][KS][2], a[t][KS][3]);
     wg_fence();
 #pragma unroll
-    for (int t = 0; t < 2; t++) wg_mma_step<TN, NP, KS>(acc[t], a[t][KS], d0);
+    for (int t = 0; t < MTW; t++) wg_mma_step<TN, NP, KS>(acc[t], a[t][KS], d0);
     wg_commit();
 }
 
 /* One consumer stage: global stage g (in slot g % ST), half H of unit s / 2; first: the first
  * stage of a job (no previous stage to hand back). */
-template <int FMT, int TN, int NP, int H>
+template <int FMT, int TN, int NP, int MTW, int H>
 __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase, uint32_t full, uint32_t empty, int ti0,
-                                          int lane, float acc[2][TN / 2], uint32_t a[2][4][4]) {
+                                          int lane, float acc[MTW][TN / 2], uint32_t a[MTW][4][4]) {
     constexpr int ST = wp_stages(TN, NP);
     const uint32_t b = g % ST, st = sbase + b * wp_stage_bytes(TN, NP);
     mbar_wait(full + 8 * b, (g / ST) & 1);
     fence_async_smem(); /* the producer's cp.async writes, now visible here, to the tensor cores */
-    uint4 w[2], sc[2];
+    uint4 w[MTW], sc[MTW];
 #pragma unroll
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < MTW; t++) {
         const uint32_t wd = st + NP * wg_part_bytes(TN) + (ti0 + 4 * t) * WG_WBYTES;
         w[t] = lds128(wd + lane * 16);
         if (FMT == FMT_NV) {
@@ -140,15 +162,15 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
     }
     const uint32_t d0 = wg_desc_sw128_lo(st);
     const uint32_t release = !first && lane == 0 ? empty + 8 * ((g + ST - 1) % ST) : 0u;
-    wp_step<FMT, TN, NP, H, 0>(acc, a, w, sc, d0, 0u);
-    wp_step<FMT, TN, NP, H, 1>(acc, a, w, sc, d0, 0u);
-    wp_step<FMT, TN, NP, H, 2>(acc, a, w, sc, d0, 0u);
-    wp_step<FMT, TN, NP, H, 3>(acc, a, w, sc, d0, release);
+    wp_step<FMT, TN, NP, MTW, H, 0>(acc, a, w, sc, d0, 0u);
+    wp_step<FMT, TN, NP, MTW, H, 1>(acc, a, w, sc, d0, 0u);
+    wp_step<FMT, TN, NP, MTW, H, 2>(acc, a, w, sc, d0, 0u);
+    wp_step<FMT, TN, NP, MTW, H, 3>(acc, a, w, sc, d0, release);
 }
 
 template <int FMT, int ACT, int TN, int FC2, int NP>
-__global__ void __launch_bounds__(wp_threads(TN), 1) k_wgp(MoeDev m, MoeRun r) {
-    constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN);
+__global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r) {
+    constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN), MTW = wp_mtw(TN, FC2);
     extern __shared__ __align__(1024) uint8_t wsm[];
     __shared__ __align__(8) uint64_t bars[16];
     const int tid = threadIdx.x, lane = tid & 31;
@@ -156,7 +178,7 @@ __global__ void __launch_bounds__(wp_threads(TN), 1) k_wgp(MoeDev m, MoeRun r) {
     if (tid == 0) {
         for (int b = 0; b < ST; b++) {
             mbar_init(full + 8 * b, WP_PRODUCERS);
-            mbar_init(empty + 8 * b, 4 * wp_cw(TN));
+            mbar_init(empty + 8 * b, 4 * wp_cw(TN, FC2));
         }
         mbar_init_fence();
     }
@@ -199,28 +221,28 @@ __global__ void __launch_bounds__(wp_threads(TN), 1) k_wgp(MoeDev m, MoeRun r) {
         cp_async_wait<0>();
         return;
     }
-    regs_inc<wp_regs_consumer(TN)>();
+    regs_inc<wp_regs_consumer(TN, FC2)>();
     const int cw = (tid >> 5) - 4, wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
-    const int ti0 = wgi * 8 + wq; /* this warp's tiles: ti0 (M tile 0) and ti0 + 4 (M tile 1) */
+    const int ti0 = (MTW == 2 ? wgi * 8 : wgi * 4) + wq; /* this warp's tiles: ti0 + 4 t, one per M tile t of its warpgroup */
     for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
         const int wi = job / nrb, rb = job - wi * nrb;
         const int4 wk = r.work[wi];
-        float acc[2][TN / 2];
+        float acc[MTW][TN / 2];
 #pragma unroll
-        for (int t = 0; t < 2; t++)
+        for (int t = 0; t < MTW; t++)
 #pragma unroll
             for (int i = 0; i < TN / 2; i++) acc[t][i] = 0.f;
-        uint32_t a[2][4][4];
+        uint32_t a[MTW][4][4];
 #pragma unroll 1
         for (int s = 0; s < nst; s += 2) { /* nst is even: the unit's two halves */
-            wp_cstage<FMT, TN, NP, 0>(sg + s, s == 0, sbase, full, empty, ti0, lane, acc, a);
-            wp_cstage<FMT, TN, NP, 1>(sg + s + 1, false, sbase, full, empty, ti0, lane, acc, a);
+            wp_cstage<FMT, TN, NP, MTW, 0>(sg + s, s == 0, sbase, full, empty, ti0, lane, acc, a);
+            wp_cstage<FMT, TN, NP, MTW, 1>(sg + s + 1, false, sbase, full, empty, ti0, lane, acc, a);
         }
         wg_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
         sg += nst;
 #pragma unroll
-        for (int t = 0; t < 2; t++) {
+        for (int t = 0; t < MTW; t++) {
             const int mt = rb * TILES + ti0 + 4 * t;
             if (mt < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, wk.x, wk.y, wk.z, mt, g, q, acc[t]);
         }
@@ -270,7 +292,8 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
     const int smem = (tn == 48 ? wp_smem_bytes(48, r.np) : wp_smem_bytes(80, r.np)) + WG_ALIGN_SLACK;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    k<<<m->n_sm, tn == 48 ? wp_threads(48) : wp_threads(80), smem, st>>>(d, r);
+    const int threads = tn == 48 ? wp_threads(48, fc2) : wp_threads(80, fc2);
+    k<<<m->n_sm, threads, smem, st>>>(d, r);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, fc2 ? "k_wgp<fc2><<<>>>" : "k_wgp<fc1><<<>>>", __FILE__, __LINE__);
 }
