@@ -82,9 +82,13 @@ int main(int argc, char **argv) {
                                 .tokens_per_tile = tpt, .k_splits = ks, .wgmma = wgm, .wgp = wgp, .cta_warps = cw};
         k3_cuda_bench *b = NULL;
         if (k3_cuda_bench_open(&o, &b, &err)) { fprintf(stderr, "cuda_moe_bench: %s\n", err.msg); return 1; }
-        for (int be = 0; be < 2; be++) {
-            if (strcmp(backends, "both") && strcmp(backends, be ? "cuda-fused" : "cuda")) continue;
-            for (int i = 0; i < nT; i++) {
+        /* T outermost, both backends at each T: after the 2048- and 8192-token runs the H100 ran
+         * the decode sizes 10-15% slower for tens of milliseconds (power cap; fused T = 1 129 ->
+         * 149 us in the same process, lab/NOTES.md v23), which the fused rows, run after all the
+         * grouped ones, used to take alone. */
+        for (int i = 0; i < nT; i++) {
+            for (int be = 0; be < 2; be++) {
+                if (strcmp(backends, "both") && strcmp(backends, be ? "cuda-fused" : "cuda")) continue;
                 k3_cuda_bench_result r;
                 if (k3_cuda_bench_run(b, (k3_cuda_backend)be, Ts[i], &r, &err)) {
                     printf("#skip\t%s\t%s\tT=%d\t%s\n", be ? "cuda-fused" : "cuda", f ? "mxfp4" : "nvfp4", Ts[i], err.msg);
