@@ -356,9 +356,9 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
  * barrier after FC1 and the items the fast index: 135-137 / 244-247 / 419-421 us; the items the
  * slow index with ready flags instead of that barrier: 136-137 / 225 / 395; that and each CTA's
  * first unit its index (no queue atomic ahead of the first weight load): 124-125 / 223-224 / 394
- * (lab/NOTES.md v23). FUSED_MINB = 7 CTAs of 4 warps per SM: 72 registers (ptxas, nvcc 13.0,
- * none of the stack in the chunk loops, no LDL / STL there). H100, one call, 136 / 244 / 418 us
- * against 144 / 245 / 426 at 6 CTAs per SM and 148 / 239 / 425 at 8 (v22).
+ * (lab/NOTES.md v23). FUSED_MINB = 7 CTAs of 4 warps per SM: 72 registers (ptxas, nvcc 13.0:
+ * no local memory in the NVFP4 chunk loops; the MXFP4 FC2 loop reloads one spilled value per
+ * chunk). H100, one call, T = 1: 124.5 us against 127 at 6 CTAs per SM and 137 at 8 (v23).
  * Measured and not kept: an L2 prefetch of each CTA's first FC1 / FC2 unit across the two waits
  * (H200, v19), +3 us; fetching the next unit from the queue while the current one reduces (H100,
  * v22), level; an L2 bulk prefetch 3 or 6 chunks ahead in the chunk loop (H100, v23), +60%.
