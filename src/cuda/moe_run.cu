@@ -366,9 +366,12 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
 #ifndef FUSED_MINB /* lab builds may set it (lab/variant.sh -DFUSED_MINB=N) */
 #define FUSED_MINB 7
 #endif
+#ifndef FUSED_MINB1 /* the same for KS = 1 (lab) */
+#define FUSED_MINB1 1
+#endif
 #define FUSED_BARRIERS(ks) ((ks) == 2 ? 1 : 4)
 template <int FMT, int ACT, int KS>
-__global__ void __launch_bounds__(128, KS == 2 ? FUSED_MINB : 1) k_fused(MoeDev m, MoeRun r) {
+__global__ void __launch_bounds__(128, KS == 2 ? FUSED_MINB : FUSED_MINB1) k_fused(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
     const int nb = gridDim.x;
     const unsigned long long base = r.bar_base;
