@@ -122,7 +122,7 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, con
     }
 }
 
-/* One consumer 16-k step KS of half H (as k_wg's wg_step, two M tiles): once this warp's
+/* One consumer 16-k step KS of half H (as k_wg's wg_step, MTW M tiles): once this warp's
  * fourth-newest group has retired, its ring slot KS is rewritten and the step issued. After
  * the wait of step 3 the previous stage has left the tensor cores: its slot goes back. */
 template <int FMT, int TN, int NP, int MTW, int H, int KS>
