@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
     }
     regs_inc<wp_regs_consumer(TN, FC2)>();
     const int cw = (tid >> 5) - 4, wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
-    const int ti0 = (MTW == 2 ? wgi * 8 : wgi * 4) + wq; /* this warp's tiles: ti0 + 4 t, one per M tile t of its warpgroup */
+    const int ti0 = wgi * (4 * MTW) + wq; /* this warp's tiles: ti0 + 4 t, one per M tile t of its warpgroup */
     for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
         const int wi = job / nrb, rb = job - wi * nrb;
         const int4 wk = r.work[wi];
@@ -290,10 +290,9 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
                        (long long)k3_act_fc1_rows(m->act, d.I));
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
-    const int smem = (tn == 48 ? wp_smem_bytes(48, r.np) : wp_smem_bytes(80, r.np)) + WG_ALIGN_SLACK;
+    const int smem = wp_smem_bytes(tn, r.np) + WG_ALIGN_SLACK;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const int threads = tn == 48 ? wp_threads(48, fc2) : wp_threads(80, fc2);
-    k<<<m->n_sm, threads, smem, st>>>(d, r);
+    k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, fc2 ? "k_wgp<fc2><<<>>>" : "k_wgp<fc1><<<>>>", __FILE__, __LINE__);
 }
