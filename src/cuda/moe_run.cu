@@ -366,8 +366,11 @@ __device__ __forceinline__ void fused_halves(const MoeDev &m, const MoeRun &r, i
 #ifndef FUSED_MINB /* lab builds may set it (lab/variant.sh -DFUSED_MINB=N) */
 #define FUSED_MINB 7
 #endif
-#ifndef FUSED_MINB1 /* the same for KS = 1 (lab) */
-#define FUSED_MINB1 1
+/* KS = 1 (T*k > 64): 4 CTAs per SM cap the whole-K units at 128 registers (158 at 1; ptxas,
+ * nvcc 13.0). H100, one call, NVFP4 T = 8 / 16 / 64: 792 / 1432 / 3918 -> 773 / 1391 / 3795 us,
+ * T <= 4 (KS = 2) unchanged (lab/NOTES.md v24). */
+#ifndef FUSED_MINB1 /* lab builds may set it */
+#define FUSED_MINB1 4
 #endif
 #define FUSED_BARRIERS(ks) ((ks) == 2 ? 1 : 4)
 template <int FMT, int ACT, int KS>
