@@ -5,7 +5,8 @@
 #   TESTS: lab/bin/test_NAME binaries to run first (the GPU tests), the first one also under
 #   compute-sanitizer memcheck (the expert-parallel test: grouped and fused).
 #   FUSED_T / GROUPED_T: the token counts of the fused and grouped runs (grouped only NVFP4 and
-#   MXFP4 of the first and last NAME, or of GROUPED_NAMES). Two rounds, the second in reverse order.
+#   MXFP4 of the first and last NAME, or of GROUPED_NAMES; GROUPED_MODES: modes, default w4a16).
+#   Two rounds, the second in reverse order.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -36,8 +37,10 @@ for r in 1 2; do
   done
   for n in $gnames; do
     for f in nvfp4 mxfp4; do
-      timeout 60 $b/bench_$n --fmt $f --backend cuda --T ${GROUPED_T:-1,8,64,256} --reps 10 |
-        awk -v n=$n -v r=$r '$1 == "k3" {printf "r%s %-5s grouped %s T=%-3s %8.1f us %5.3f of floor\n", r, n, $3, $4, $5, $10}'
+      for mo in ${GROUPED_MODES:-w4a16}; do
+        timeout 60 $b/bench_$n --fmt $f --backend cuda --mode $mo --T ${GROUPED_T:-1,8,64,256} --reps 10 |
+          awk -v n=$n -v r=$r -v mo=$mo '$1 == "k3" {printf "r%s %-6s grouped %s %-10s T=%-3s %8.1f us %5.3f of floor  stages %s\n", r, n, $3, mo, $4, $5, $10, $12}'
+      done
     done
   done
 done

@@ -348,14 +348,19 @@ static void test_w4a16_bf16(void **s) {
         assert_int_equal(k3_cuda_moe_set_gemm_path(cm, -1, &err), K3_OK);
         static const int Ts[] = {16, 77, 255}; /* ~2, ~10, ~32 tokens per expert at top-4 */
         static const k3_act_mode modes[] = {K3_MODE_W4A16_BF16, K3_MODE_W4A16, K3_MODE_W4A4};
-        for (int modei = 0; modei < (f ? 2 : 3); modei++)
-            for (int i = 0; i < 3; i++) {
-                k3_act_mode mode = modes[modei];
-                double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM);
-                printf("  mma.sync %s swiglu %-10s T=%-4d relL2 %.3g (bound %g)\n", f ? "mxfp4" : "nvfp4",
-                       k3_act_mode_name(mode), Ts[i], r, mode_bound(mode));
-                assert_true(r <= mode_bound(mode));
-            }
+        for (int bands = -1; bands <= 1; bands += 2) { /* FC2's grid in bands of items, and not */
+            assert_int_equal(k3_cuda_moe_set_fc2_bands(cm, bands, &err), K3_OK);
+            for (int modei = 0; modei < (f ? 2 : 3); modei++)
+                for (int i = 0; i < 3; i++) {
+                    k3_act_mode mode = modes[modei];
+                    double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, Ts[i], 4, ROUTE_RANDOM);
+                    printf("  mma.sync %s swiglu %-10s T=%-4d fc2 bands %2d relL2 %.3g (bound %g)\n", f ? "mxfp4" : "nvfp4",
+                           k3_act_mode_name(mode), Ts[i], bands, r, mode_bound(mode));
+                    assert_true(r <= mode_bound(mode));
+                }
+        }
+        assert_int_equal(k3_cuda_moe_set_fc2_bands(cm, 2, &err), K3_ERR_ARG);
+        assert_int_equal(k3_cuda_moe_set_fc2_bands(cm, 0, &err), K3_OK);
         for (int modei = 0; modei < 2; modei++) {
             double r = run_case(&m, cm, K3_CUDA_GROUPED, modes[modei], 300, 1, ROUTE_ONE_EXPERT);
             printf("  mma.sync %s swiglu %s all tokens on one expert T=300 k=1 relL2 %.3g\n", f ? "mxfp4" : "nvfp4",
@@ -574,6 +579,7 @@ static void test_without_gpu_errors(void **s) {
     assert_non_null(strstr(err.msg, "cuda"));
     err = (k3_error){0};
     assert_int_not_equal(k3_cuda_moe_set_gemm_path(NULL, 0, &err), K3_OK);
+    assert_int_not_equal(k3_cuda_moe_set_fc2_bands(NULL, 0, &err), K3_OK);
     assert_true(err.msg[0] != 0);
     double v = -1;
     err = (k3_error){0};

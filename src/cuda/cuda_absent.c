@@ -43,6 +43,11 @@ int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     return NO_CUDA(err, "cuda backend");
 }
 
+int k3_cuda_moe_set_fc2_bands(k3_cuda_moe *m, int bands, k3_error *err) {
+    (void)m, (void)bands;
+    return NO_CUDA(err, "cuda backend");
+}
+
 int k3_cuda_moe_run_host(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *x, int T,
                          const int32_t *ids, const float *w, int k, float *y, k3_error *err) {
     (void)m, (void)mode, (void)x, (void)T, (void)ids, (void)w, (void)k, (void)y;

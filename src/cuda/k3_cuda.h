@@ -79,6 +79,11 @@ int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const f
  * values). All paths compute the same contract; tests and benchmarks pin one. */
 int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err);
 
+/* The grouped mma.sync FC2 grid's order: -1 work items fast over the whole grid, 0 automatic
+ * (bands of work items where FC2's token rows exceed a third of the L2 cache), 1 always bands
+ * (K3_ERR_ARG for other values). Both orders compute the same result; tests pin each. */
+int k3_cuda_moe_set_fc2_bands(k3_cuda_moe *m, int bands, k3_error *err);
+
 /* The same on host arrays (copies in, runs, copies out, synchronizes). Validates every id
  * against [0, n_experts) first (K3_ERR_ARG). */
 int k3_cuda_moe_run_host(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const float *x,

@@ -202,6 +202,7 @@ int k3_cuda_moe_alloc(k3_cuda_moe *m, int n_experts, int first_local, int n_loca
     K3_CUDA_TRY(err, cudaGetDevice(&m->device));
     if (moe_wg_probe(&m->wg_ok, err)) return err->status;
     K3_CUDA_TRY(err, cudaDeviceGetAttribute(&m->n_sm, cudaDevAttrMultiProcessorCount, m->device));
+    K3_CUDA_TRY(err, cudaDeviceGetAttribute(&m->l2_bytes, cudaDevAttrL2CacheSize, m->device));
     K3_CUDA_TRY(err, cudaMalloc(&m->mem, tot));
     m->mem_bytes = tot;
     char *b = (char *)m->mem;

@@ -140,14 +140,39 @@ __device__ __forceinline__ void tile_epi(const MoeDev &m, const MoeRun &r, int4 
  * CTAs in flight read many experts at once: with the tile groups fast instead (a few experts at a time) the H200
  * measured T = 1 / 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md
  * v13). */
-template <int FMT, int ACT, int NT, int FC2, int NP>
+/* FC2's work items in bands of FC_BAND, the items fast within a band and the bands slow (a 1-D
+ * grid, fc_grid), where its token rows outgrow L2: every 16-row tile group reads all of hq
+ * (S x I fp16 terms), and with the items fast over the whole grid one group's pass over them
+ * evicts hq from L2 before the next group reads it again, so each of the 28 groups of the K3
+ * FC2 re-reads it from HBM (T = 256: hq 50 MB with two terms, 25 with one; 50 MB of L2 on the
+ * H100). H100, one call, two rounds, automatic path, NVFP4 / MXFP4, us: w4a16 T = 256
+ * 6636-6665 / 6348-6354 -> 6214-6229 / 5891-5909, T = 512 8722-8773 / 7989-8089 -> 7786-7979 /
+ * 7344-7410; w4a16-bf16 T = 256 6012-6014 / 5784-5786 -> 5927-5928 / 5674-5677, T = 512 6840-6845
+ * / 6491-6495 -> 6418-6419 / 6034; bands of 32 and 192 within 0.5% of 96. Always banded, T = 8 / 64
+ * (hq 1.5 / 12.6 MB) lost NVFP4 1.2% / 0.6%: used where hq exceeds a third of L2. FC1's token
+ * rows (xq, T x H) stay small: bands level there (lab/NOTES.md v24). */
+#define FC_BAND 96
+
+/* The block's work item and tile group in the banded 1-D grid. */
+__device__ __forceinline__ void fc_banded(int band, int groups, int &wi, int &gy) {
+    const int items = gridDim.x / groups, per = band * groups, q = blockIdx.x / per, rem = blockIdx.x - q * per;
+    const int nb = min(band, items - q * band);
+    gy = rem / nb;
+    wi = q * band + rem - gy * nb;
+}
+
+template <int FMT, int ACT, int NT, int FC2, int NP, int BANDS = 0>
 __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     constexpr int MT = FC_MT;
     __shared__ float red[WARPS][MT * NT * 4][32];
     if (!FC2) pdl_wait(); /* FC2 waits after its first weight loads (gemm_tile): prep is done */
     const int mtiles = FC2 ? m.m2 : m.m1, lane = threadIdx.x & 31, nk = FC2 ? m.nk2 : m.nk1;
     const int wpc = kpart_warps(r.ks), upper = (threadIdx.x >> 5) >= wpc;
-    const int wi = blockIdx.x, mt = (blockIdx.y * wpc + ((threadIdx.x >> 5) & (wpc - 1))) * MT;
+    /* the banded order is its own instantiation: computed in every kernel, its two registers
+     * cost the NVFP4 NT = 1 kernels a CTA per SM (72 -> 74 registers; T = 1 131 -> 139 us) */
+    int wi = blockIdx.x, gy = blockIdx.y;
+    if constexpr (BANDS) fc_banded(FC_BAND, (mtiles + wpc * MT - 1) / (wpc * MT), wi, gy);
+    const int mt = (gy * wpc + ((threadIdx.x >> 5) & (wpc - 1))) * MT;
     const bool active = wi < r.ctl[1] && mt < mtiles;
     const int c0 = upper ? nk / 2 : 0, c1 = r.ks == 1 || upper ? nk : nk / 2;
     float acc[MT * NT][4];
@@ -431,12 +456,12 @@ static const kern_t fc1_table[2][2][3][9] = {
     {{{ACTS(FC1K2, FMT_NV, 1)}, {ACTS(FC1K2, FMT_NV, 2)}, {ACTS(FC1K2, FMT_NV, 4)}},
      {{ACTS(FC1K2, FMT_MX, 1)}, {ACTS(FC1K2, FMT_MX, 2)}, {ACTS(FC1K2, FMT_MX, 4)}}},
 };
-#define FC2K(F, N, P) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P>
-static const kern_t fc2_table[2][2][3] = {
-    {{FC2K(FMT_NV, 1, 1), FC2K(FMT_NV, 2, 1), FC2K(FMT_NV, 4, 1)},
-     {FC2K(FMT_MX, 1, 1), FC2K(FMT_MX, 2, 1), FC2K(FMT_MX, 4, 1)}},
-    {{FC2K(FMT_NV, 1, 2), FC2K(FMT_NV, 2, 2), FC2K(FMT_NV, 4, 2)},
-     {FC2K(FMT_MX, 1, 2), FC2K(FMT_MX, 2, 2), FC2K(FMT_MX, 4, 2)}},
+#define FC2K(F, N, P, B) (kern_t)k_fc<F, K3_ACT_IDENTITY, N, 1, P, B>
+#define FC2NT(F, P, B) {FC2K(F, 1, P, B), FC2K(F, 2, P, B), FC2K(F, 4, P, B)}
+/* [bands][terms - 1][fmt][nt index] */
+static const kern_t fc2_table[2][2][2][3] = {
+    {{FC2NT(FMT_NV, 1, 0), FC2NT(FMT_MX, 1, 0)}, {FC2NT(FMT_NV, 2, 0), FC2NT(FMT_MX, 2, 0)}},
+    {{FC2NT(FMT_NV, 1, 1), FC2NT(FMT_MX, 1, 1)}, {FC2NT(FMT_NV, 2, 1), FC2NT(FMT_MX, 2, 1)}},
 };
 /* [K split - 1][fmt][act - 1] */
 static const kern_t fused_table[2][2][9] = {{{ACTS(FUSK, FMT_NV, 1)}, {ACTS(FUSK, FMT_MX, 1)}},
@@ -485,6 +510,13 @@ extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = wp ? 0 : path;
     m->force_wp = wp ? path : 0;
+    return K3_OK;
+}
+
+extern "C" int k3_cuda_moe_set_fc2_bands(k3_cuda_moe *m, int bands, k3_error *err) {
+    if (!m) return k3_fail(err, K3_ERR_ARG, "fc2 bands: no uploaded experts");
+    if (bands < -1 || bands > 1) return k3_fail(err, K3_ERR_ARG, "fc2 bands %d: expected -1, 0 or 1", bands);
+    m->force_bands = bands;
     return K3_OK;
 }
 
@@ -633,6 +665,9 @@ static int fc_wpc(const k3_cuda_moe *m, int ks, int *wpc, k3_error *err) {
  * the device (decode, T*k <= 64), else whole K; the benchmark's k_splits overrides. */
 static int k_halves(const k3_cuda_moe *m, int S) { return m->force_ks ? m->force_ks : S <= 64 ? 2 : 1; }
 
+/* The grid of a grouped mma.sync FC kernel: work items x tile groups, or 1-D in bands (FC_BAND). */
+static dim3 fc_grid(int items, int groups, bool banded) { return banded ? dim3(items * groups) : dim3(items, groups); }
+
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
 
 static int launch_check(k3_error *err, const char *what) {
@@ -686,18 +721,20 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         int wpc = 4;
         if (fc_wpc(m, ks, &wpc, err)) return err->status;
         const int rows = wpc * FC_MT; /* tiles per CTA */
+        const double hq_bytes = (double)S * d.I * 2 * np; /* FC2's token rows: np fp16 terms each */
+        const bool bands = m->force_bands ? m->force_bands > 0 : hq_bytes > m->l2_bytes / 3.0;
         r.ks = ks;
         if (ev) cudaEventRecord(ev[0], st);
         k_prep<<<nblk, 256, sm, st>>>(d, r);
         if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
-        const kern_t kf1 = fc1_table[np - 1][m->fmt][nti][ai], kf2 = fc2_table[np - 1][m->fmt][nti];
+        const kern_t kf1 = fc1_table[np - 1][m->fmt][nti][ai], kf2 = fc2_table[bands][np - 1][m->fmt][nti];
         if (wp) {
             if (moe_wp_launch(m, d, r, 0, wp, st, err)) return err->status;
         } else if (wg) {
             if (moe_wg_launch(m, d, r, 0, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(kf1, dim3(wmax, (fc1_tiles + rows - 1) / rows), 32 * wpc * ks, st, pdl, d, r,
+        } else if (launch_chain(kf1, fc_grid(wmax, (fc1_tiles + rows - 1) / rows, false), 32 * wpc * ks, st, pdl, d, r,
                                 "k_fc<fc1>", err)) {
             return err->status;
         }
@@ -708,7 +745,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
             if (moe_wp_launch(m, d, r, 1, wp, st, err)) return err->status;
         } else if (wg) {
             if (moe_wg_launch(m, d, r, 1, wg, wmax, st, err)) return err->status;
-        } else if (launch_chain(kf2, dim3(wmax, (d.m2 + rows - 1) / rows), 32 * wpc * ks, st, pdl, d, r,
+        } else if (launch_chain(kf2, fc_grid(wmax, (d.m2 + rows - 1) / rows, bands), 32 * wpc * ks, st, pdl, d, r,
                                 "k_fc<fc2>", err)) {
             return err->status;
         }

@@ -27,6 +27,7 @@ struct k3_cuda_moe {
     int force_wpc; /* grouped mma.sync warps per K part: 1, 2, 4 or 8 (8: one K part only); 0 = fc_wpc's rule */
     int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
     int force_wp; /* warp-specialized wgmma path (moe_prefill_ws.cu): 0 = not forced, else its tile width */
+    int force_bands; /* FC2 grid order (k3_cuda_moe_set_fc2_bands): -1 never bands, 0 automatic, 1 always */
     cudaEvent_t *stage_ev;
     int fused_stamps; /* the fused kernel writes its phase stamps (MoeRun.stamps) into the workspace */
     /* launch configuration, computed on first use (the act and format of a handle are fixed) */
@@ -34,6 +35,7 @@ struct k3_cuda_moe {
     int fused_grid[2]; /* [K split - 1] */
     int wg_ok; /* the binary has the sm_90a wgmma kernels and the device runs them (moe_wg_probe) */
     int n_sm;  /* multiprocessors of the device: the persistent grids' size */
+    int l2_bytes; /* L2 cache of the device: above a third of it FC2's grid runs in bands (moe_run.cu) */
 };
 
 /* Bytes of one expert in kernel layout (weights + scales), the bytes a kernel streams. */
