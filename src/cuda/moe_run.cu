@@ -63,7 +63,7 @@ __device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) 
 __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
     if (blockIdx.x == 0) {
-        moe_dispatch(m, r, smem);
+        moe_dispatch<8>(m, r, smem);
         return;
     }
     for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
