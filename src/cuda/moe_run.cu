@@ -135,11 +135,6 @@ __device__ __forceinline__ void tile_epi(const MoeDev &m, const MoeRun &r, int4 
     else fc1_epi<FMT, ACT, NT, NP>(m, r, wk, mt, lane, acc);
 }
 
-/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x groups of wpc * MT
- * 16-row tiles; wpc = warps per K part, fc_wpc). Work items are the fast grid dimension, so the
- * CTAs in flight read many experts at once: with the tile groups fast instead (a few experts at a time) the H200
- * measured T = 1 / 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md
- * v13). */
 /* FC2's work items in bands of FC_BAND, the items fast within a band and the bands slow (a 1-D
  * grid, fc_grid), where its token rows outgrow L2: every 16-row tile group reads all of hq
  * (S x I fp16 terms), and with the items fast over the whole grid one group's pass over them
@@ -161,6 +156,11 @@ __device__ __forceinline__ void fc_banded(int band, int groups, int &wi, int &gy
     wi = q * band + rem - gy * nb;
 }
 
+/* FC1 (activation epilogue) or FC2 (unweighted rows) over grid (work items x groups of wpc * MT
+ * 16-row tiles; wpc = warps per K part, fc_wpc). Work items are the fast grid dimension, so the
+ * CTAs in flight read many experts at once: with the tile groups fast instead (a few experts at a time) the H200
+ * measured T = 1 / 8 / 64 14%, 9% and 4% slower and w4a16-bf16 T = 256 17% slower (lab/NOTES.md
+ * v13). BANDS: the 1-D banded grid of fc_grid (FC2 where hq outgrows L2). */
 template <int FMT, int ACT, int NT, int FC2, int NP, int BANDS = 0>
 __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
     constexpr int MT = FC_MT;
