@@ -450,9 +450,19 @@ __device__ __forceinline__ int block_scan(int *a, int n, int *tsum) {
     return total;
 }
 
-/* The local expert of slot s (>= n_local where the slot is routed off this rank or s >= S). */
-__device__ __forceinline__ unsigned slot_expert(const MoeDev &m, const MoeRun &r, int s, int S) {
-    return s < S ? (unsigned)(r.ids[s] - m.first_local) : ~0u;
+/* Calls visit(s, e) for this thread's slots s < S routed to a local expert e, B slots at a time:
+ * their ids are all loaded before the first visit. */
+template <int B, typename F>
+__device__ __forceinline__ void for_local_slots(const MoeDev &m, const MoeRun &r, int S, F visit) {
+    const int nth = blockDim.x;
+    for (int s0 = threadIdx.x; s0 < S; s0 += B * nth) {
+        unsigned e[B];
+#pragma unroll
+        for (int j = 0; j < B; j++) e[j] = s0 + j * nth < S ? (unsigned)(r.ids[s0 + j * nth] - m.first_local) : ~0u;
+#pragma unroll
+        for (int j = 0; j < B; j++)
+            if (e[j] < (unsigned)m.n_local) visit(s0 + j * nth, (int)e[j]);
+    }
 }
 
 /* smem: 3 * (n_local + 1) + 33 ints. cnt: the fused halves kernel's ncnt hand-off counters
@@ -469,21 +479,7 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem,
     for (int e = tid; e <= nl; e += nth) off[e] = 0;
     for (int i = tid; i < ncnt; i += nth) cnt[i] = 0;
     __syncthreads();
-    if constexpr (B == 1) {
-        for (int s = tid; s < S; s += nth) {
-            unsigned e = (unsigned)(r.ids[s] - m.first_local);
-            if (e < (unsigned)nl) atomicAdd(&off[e], 1);
-        }
-    } else {
-        for (int s0 = tid; s0 < S; s0 += B * nth) {
-            unsigned e[B];
-#pragma unroll
-            for (int j = 0; j < B; j++) e[j] = slot_expert(m, r, s0 + j * nth, S);
-#pragma unroll
-            for (int j = 0; j < B; j++)
-                if (e[j] < (unsigned)nl) atomicAdd(&off[e[j]], 1);
-        }
-    }
+    for_local_slots<B>(m, r, S, [&](int, int e) { atomicAdd(&off[e], 1); });
     __syncthreads();
     for (int e = tid; e < nl; e += nth) wof[e] = (off[e] + r.tn - 1) / r.tn;
     __syncthreads();
@@ -502,31 +498,12 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem,
         }
     }
     __syncthreads();
-    if constexpr (B == 1) {
-        for (int s = tid; s < S; s += nth) {
-            unsigned e = (unsigned)(r.ids[s] - m.first_local);
-            if (e < (unsigned)nl) {
-                int p = atomicAdd(&cur[e], 1);
-                r.sorted_tok[p] = s / r.k;
-                r.sorted_slot[p] = s;
-                if (cnt) atomicAdd(cnt + s / r.k, 1);
-            }
-        }
-    } else {
-        for (int s0 = tid; s0 < S; s0 += B * nth) {
-            unsigned e[B];
-#pragma unroll
-            for (int j = 0; j < B; j++) e[j] = slot_expert(m, r, s0 + j * nth, S);
-#pragma unroll
-            for (int j = 0; j < B; j++)
-                if (e[j] < (unsigned)nl) {
-                    const int s = s0 + j * nth, p = atomicAdd(&cur[e[j]], 1);
-                    r.sorted_tok[p] = s / r.k;
-                    r.sorted_slot[p] = s;
-                    if (cnt) atomicAdd(cnt + s / r.k, 1);
-                }
-        }
-    }
+    for_local_slots<B>(m, r, S, [&](int s, int e) {
+        const int p = atomicAdd(&cur[e], 1);
+        r.sorted_tok[p] = s / r.k;
+        r.sorted_slot[p] = s;
+        if (cnt) atomicAdd(cnt + s / r.k, 1);
+    });
     for (int p = tid; p < P; p += nth) r.hamax[p] = 0u;
     if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; r.ctl[2] = 0; r.ctl[3] = 0; }
 }
