@@ -373,10 +373,10 @@ static void test_w4a16_bf16(void **s) {
 }
 
 /* One case (inputs and reference made once) through every pinned sm_90a GEMM width: the k_wg
- * tiles of 32, 64 and 128 tokens and the warp-specialized k_wgp ones of 48 and 80. Returns the
+ * tiles of 32, 64 and 128 tokens and the warp-specialized k_wgp ones of 48, 80 and 160. Returns the
  * runs made. */
 static int check_widths(model *m, k3_cuda_moe *cm, const char *what, k3_act_mode mode, int T, int k, int how) {
-    static const int widths[] = {32, 48, 64, 80, 128};
+    static const int widths[] = {32, 48, 64, 80, 128, 160};
     const int n = (int)(sizeof widths / sizeof widths[0]);
     k3_error err = {0};
     kase c;
@@ -393,7 +393,7 @@ static int check_widths(model *m, k3_cuda_moe *cm, const char *what, k3_act_mode
 }
 
 /* The sm_90a wgmma GEMM paths pinned (k_wg: 32, 64 and 128 tokens per tile; the warp-specialized
- * k_wgp: 48 and 80, items split evenly), against the reference:
+ * k_wgp: 48, 80 and 160, items split evenly), against the reference:
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4 and
  * w4a16-bf16 (one term);
  * T from one token to several tiles per expert, all tokens on one expert (items split at the

@@ -26,7 +26,14 @@
  *    spills): H100, same call, two rounds, automatic path T = 8192 w4a16 39.55 / 39.76 -> 38.48 /
  *    38.30 ms, w4a16-bf16 27.64 / 27.38 -> 26.54 / 26.43 against two of MTW = 2 (v23);
  *  - TN = 80 FC2 keeps two of MTW = 2: with four its stage ran 5-7% slower (its epilogue is
- *    short, so the extra instructions of four warpgroups per weight byte count).
+ *    short, so the extra instructions of four warpgroups per weight byte count);
+ *  - TN = 160 (over ~100 tokens per expert): three consumer warpgroups of MTW = 1 (512 threads,
+ *    192 rows, 152 registers, no spills). H100, same call: an item costs 2.3x (w4a16-bf16) /
+ *    2.6x (w4a16) a 48-token one against 1.36x / 1.46x for 80 tokens, so T = 6144 / 8192 run
+ *    14 / 9% (bf16) and 6 / 4% (w4a16) faster than with 80. Two warpgroups of MTW = 2 (spills)
+ *    ran 23-42% slower; 192 tokens (two warpgroups) lost at every T from 2048 to 12288; 128
+ *    tokens (three warpgroups, 1.9x / 2.1x a 48-token item) won only near 110 tokens per
+ *    expert (T = 6144: 19.2 against 21.4 ms bf16), not enough for 40 more kernels (v25).
  * Persistent: one CTA per SM walks the (work item, row block) jobs with the row blocks of
  * an item adjacent, so the CTAs in flight share the item's token rows in L2 and the items of one
  * expert (split evenly, MoeRun.split) read its weights while they are still in L2.
@@ -49,10 +56,25 @@ extern "C" {
 #ifndef WP_MTW80_FC1 /* M tiles per consumer warp in the 80-token FC1 kernels (lab builds may set it) */
 #define WP_MTW80_FC1 1
 #endif
+/* The widest tiles (T >= ~6144 on the K3 layer: well over 80 tokens per expert), their consumer
+ * warpgroups and M tiles per consumer warp (lab builds may set all three). */
+#ifndef WP_WIDE
+#define WP_WIDE 160
+#endif
+#ifndef WP_CW_WIDE
+#define WP_CW_WIDE 3
+#endif
+#ifndef WP_MTW_WIDE
+#define WP_MTW_WIDE 1
+#endif
 /* 16-row tiles per job (the stage layout, the same for FC1 and FC2), M tiles per consumer warp,
  * consumer warpgroups: each warpgroup covers MTW 64-row M tiles. */
-__host__ __device__ constexpr int wp_tiles(int tn) { return tn == 48 ? 8 * WP_CW48 : 16; }
-__host__ __device__ constexpr int wp_mtw(int tn, int fc2) { return tn == 80 && !fc2 ? WP_MTW80_FC1 : 2; }
+__host__ __device__ constexpr int wp_tiles(int tn) {
+    return tn == 48 ? 8 * WP_CW48 : tn == WP_WIDE ? 4 * WP_CW_WIDE * WP_MTW_WIDE : 16;
+}
+__host__ __device__ constexpr int wp_mtw(int tn, int fc2) {
+    return tn == WP_WIDE ? WP_MTW_WIDE : tn == 80 && !fc2 ? WP_MTW80_FC1 : 2;
+}
 __host__ __device__ constexpr int wp_cw(int tn, int fc2) { return wp_tiles(tn) / (4 * wp_mtw(tn, fc2)); }
 __host__ __device__ constexpr int wp_threads(int tn, int fc2) { return 128 * (wp_cw(tn, fc2) + 1); }
 #define WP_PRODUCERS 128 /* one warpgroup */
@@ -71,10 +93,18 @@ __host__ __device__ constexpr bool wp_pool_ok(int tn, int fc2) {
     return wp_regs_consumer(tn, fc2) * 128 * wp_cw(tn, fc2) + WP_REGS_PRODUCER * WP_PRODUCERS <=
            wp_regs_launch(tn, fc2) * wp_threads(tn, fc2);
 }
-static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_pool_ok(80, 1), "k_wgp: register pool");
+static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_pool_ok(80, 1) && wp_pool_ok(WP_WIDE, 0) &&
+                  wp_pool_ok(WP_WIDE, 1),
+              "k_wgp: register pool");
 static_assert(wp_tiles(80) % 4 == 0 && wp_tiles(80) / 4 % WP_MTW80_FC1 == 0, "k_wgp 80: M tiles per warpgroup");
 
-__host__ __device__ constexpr int wp_stage_bytes(int tn, int np) { return np * wg_part_bytes(tn) + wp_tiles(tn) * WG_WBYTES; }
+/* A stage: the token parts, then the tiles' weights padded to 1024 bytes, so that the next
+ * stage's swizzled parts start on an atom boundary (12 tiles take 7.5 KB). */
+__host__ __device__ constexpr int wp_stage_bytes(int tn, int np) {
+    return np * wg_part_bytes(tn) + (wp_tiles(tn) * WG_WBYTES + 1023) / 1024 * 1024;
+}
+static_assert(wp_stage_bytes(48, 1) % 1024 == 0 && wp_stage_bytes(80, 1) % 1024 == 0 && wp_stage_bytes(WP_WIDE, 1) % 1024 == 0,
+              "k_wgp: stages on 1024-byte boundaries");
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
     return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < 8 ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : 8;
 }
@@ -88,14 +118,15 @@ __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stag
  * job's unit 0, so a stage costs no division and no index arithmetic; the per-piece division of
  * the earlier loop made the producer 27% of the kernel's instructions, ncu, lab/NOTES.md v22). */
 __host__ __device__ constexpr int wp_tpt(int tn) { return (wp_tiles(tn) + 15) / 16; } /* tiles per producer thread */
+__host__ __device__ constexpr int wp_rpt(int tn) { return (tn + 63) / 64; } /* token rows per producer thread pair */
 template <int FMT, int TN, int NP, int FC2>
-__device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[2], const int nrow,
+__device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[wp_rpt(TN)], const int nrow,
                                         const uint8_t *const wt[wp_tpt(TN)], const uint8_t *const sct[wp_tpt(TN)],
                                         int tid) {
     constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
     const int K = FC2 ? m.I : m.H, pair = tid & 1;
 #pragma unroll
-    for (int rr = 0; rr < (TN + 63) / 64; rr++) {
+    for (int rr = 0; rr < wp_rpt(TN); rr++) {
         const int row = (tid >> 1) + 64 * rr;
         if (row < nrow) {
 #pragma unroll
@@ -202,9 +233,9 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
                 wt[u] = (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit0 * UNIT_W + (tid & 7) * 16;
                 sct[u] = (FC2 ? m.s2 : m.s1) + unit0 * (FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX) + (tid & 7) * 16;
             }
-            const __half *src[2];
+            const __half *src[wp_rpt(TN)];
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
+            for (int rr = 0; rr < wp_rpt(TN); rr++) {
                 const int row = (tid >> 1) + 64 * rr;
                 const int srow = row < nrow ? (FC2 ? wk.y + row : r.sorted_tok[wk.y + row]) : 0;
                 src[rr] = plain + (size_t)srow * 2 * K;
@@ -260,20 +291,21 @@ typedef void (*kern_t)(MoeDev, MoeRun);
 #define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
 
 /* Tile widths of this path (tokens per item); moe_wp_width_index maps a width to its column. */
-static const int wp_widths[2] = {48, 80};
+#define WP_NW 3
+static const int wp_widths[WP_NW] = {48, 80, WP_WIDE};
 
 /* [terms - 1][width][fmt][act - 1] */
-static const kern_t wp_fc1_table[2][2][2][9] = {
-    {WP_FMTS1(48, 1), WP_FMTS1(80, 1)},
-    {WP_FMTS1(48, 2), WP_FMTS1(80, 2)},
+static const kern_t wp_fc1_table[2][WP_NW][2][9] = {
+    {WP_FMTS1(48, 1), WP_FMTS1(80, 1), WP_FMTS1(WP_WIDE, 1)},
+    {WP_FMTS1(48, 2), WP_FMTS1(80, 2), WP_FMTS1(WP_WIDE, 2)},
 };
-static const kern_t wp_fc2_table[2][2][2] = {
-    {WP_FMTS2(48, 1), WP_FMTS2(80, 1)},
-    {WP_FMTS2(48, 2), WP_FMTS2(80, 2)},
+static const kern_t wp_fc2_table[2][WP_NW][2] = {
+    {WP_FMTS2(48, 1), WP_FMTS2(80, 1), WP_FMTS2(WP_WIDE, 1)},
+    {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(WP_WIDE, 2)},
 };
 
 int moe_wp_width_ok(int tn) {
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < WP_NW; i++)
         if (wp_widths[i] == tn) return 1;
     return 0;
 }
@@ -281,9 +313,10 @@ int moe_wp_width_ok(int tn) {
 int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
                   k3_error *err) {
     int wi = -1;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < WP_NW; i++)
         if (wp_widths[i] == tn) wi = i;
-    if (wi < 0) return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48 or 80)", tn);
+    if (wi < 0)
+        return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48, 80 or %d)", tn, WP_WIDE);
     /* the kernel walks d.m1 FC1 tiles: the upload sized them from the one gated table */
     if (!fc2 && (int64_t)d.m1 * 16 != k3_act_fc1_rows(m->act, d.I))
         return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: %d FC1 tiles uploaded, the activation table gives %lld rows", d.m1,

@@ -2,7 +2,7 @@
  *
  * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
  * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles, and the
- * warp-specialized ones of moe_prefill_ws.cu from 32, pick_wp, 48 or 80):
+ * warp-specialized ones of moe_prefill_ws.cu from 32, pick_wp, 48, 80 or 160):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
  *   fc1       grid (work items x 16-row tiles / 8: 4 warps of two tiles each): swap-AB mma.sync,
@@ -503,9 +503,9 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
-    const int wp = path == 48 || path == 80;
+    const int wp = path > 0 && moe_wp_width_ok(path);
     if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128 && !wp))
-        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 48, 64, 80 or 128", path);
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 48, 64, 80, 128 or 160", path);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = wp ? 0 : path;
@@ -615,18 +615,41 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
  * 2048 13.77 / 18.38 (k_wg 16.7 before the change), 4096 28.31 / 23.21, 8192 49.93 / 41.41
  * (lab/NOTES.md v22). After the 48-token tiles took a third consumer warpgroup (10-13% faster),
  * the crossover with k_wg 32 measured between 27 and 32 tokens per expert (T = 1536 level, 1792
- * k_wgp 13% faster; docs/BENCHMARKS.md). Width: ceil(n / w) items of cost 1 (48 tokens) or 1.6
- * (80), which picks the faster width at every T above.
+ * k_wgp 13% faster; docs/BENCHMARKS.md).
+ * Width: the least expected work, items per expert (wp_items: the binomial spread of an
+ * expert's tokens, not their mean: at ~146 per expert 12% of experts need a second 160-wide
+ * item) times an item's cost, which the H100 runs of the nineteenth session (NVFP4 K3 layer,
+ * T = 2048 .. 12288, each width pinned) put near-constant per width: FC1 + FC2 per item 9.1-9.6 /
+ * 12.5-13.2 / 20.0-22.2 us (w4a16-bf16) and 12.9-13.2 / 18.7-19.5 / 31.6-35.1 us (w4a16) at 48 /
+ * 80 / 160 tokens. The rule picks the measured best width at every T of those runs.
  * Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
 #define WP_MIN_TOKENS_PER_EXPERT 32
 
-static int pick_wp(const k3_cuda_moe *m, int T, int k) {
+/* Expected work items of width w[i] per expert, E[ceil(n / w[i])] for n ~ Binomial(T, k / E)
+ * tokens on one expert under uniform routing, for the three widths at once. */
+static void wp_items(const k3_cuda_moe *m, int T, int k, const int w[3], double out[3]) {
+    const double p = (double)k / m->d.n_experts, mu = T * p, sd = sqrt(mu * (1 - p));
+    const int lo = mu - 12 * sd > 1 ? (int)(mu - 12 * sd) : 1, hi = mu + 12 * sd + 16 < T ? (int)(mu + 12 * sd + 16) : T;
+    out[0] = out[1] = out[2] = 0;
+    for (int n = lo; n <= hi; n++) {
+        const double pmf = exp(lgamma(T + 1.0) - lgamma(n + 1.0) - lgamma(T - n + 1.0) + n * log(p) + (T - n) * log1p(-p));
+        for (int i = 0; i < 3; i++) out[i] += pmf * ((n + w[i] - 1) / w[i]);
+    }
+}
+
+static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
     if (!m->wg_ok) return 0;
     if (m->force_wp) return m->force_wp;
     if (m->force_wg) return 0;
-    const double per = tokens_per_expert(m, T, k);
-    if (per < WP_MIN_TOKENS_PER_EXPERT) return 0;
-    return ceil(per / 80) * 1.6 < ceil(per / 48) ? 80 : 48;
+    if (tokens_per_expert(m, T, k) < WP_MIN_TOKENS_PER_EXPERT) return 0;
+    static const int w[3] = {48, 80, 160};
+    static const double item_cost[2][3] = {{1.0, 1.36, 2.28}, {1.0, 1.46, 2.6}}; /* [terms - 1][width] */
+    double items[3];
+    wp_items(m, T, k, w, items);
+    int best = 0;
+    for (int i = 1; i < 3; i++)
+        if (items[i] * item_cost[np - 1][i] < items[best] * item_cost[np - 1][best]) best = i;
+    return w[best];
 }
 
 /* A grouped-chain launch; with pdl the kernel may start before its predecessor ends (it calls
@@ -684,7 +707,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     cudaStream_t st = (cudaStream_t)stream;
     /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
     const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
-    const int wp = b == K3_CUDA_GROUPED ? pick_wp(m, T, k) : 0;
+    const int wp = b == K3_CUDA_GROUPED ? pick_wp(m, T, k, np) : 0;
     const int wg = b == K3_CUDA_GROUPED && !wp ? pick_wg(m, T, k, np) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;

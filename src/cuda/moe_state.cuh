@@ -56,7 +56,7 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
 
 /* The warp-specialized sm_90a GEMMs (moe_prefill_ws.cu): the same FC1 / FC2 contract over work
  * items of at most tn tokens split evenly (MoeRun.split), one persistent CTA per SM.
- * moe_wp_width_ok: whether tn is one of its tile widths (48, 80). */
+ * moe_wp_width_ok: whether tn is one of its tile widths (48, 80, 160). */
 int moe_wp_width_ok(int tn);
 int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
                   k3_error *err);

@@ -142,14 +142,29 @@ __device__ __forceinline__ void wgmma_n128(float *d, uint32_t a0, uint32_t a1, u
 #endif
 }
 
+template <int OFF>
+__device__ __forceinline__ void wgmma_n160(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 dd;\nsetp.ne.b32 p, %85, 0;\n.reg .b32 lo, hi;\nadd.u32 lo, %84, %86;\nmov.b32 hi, %87;\nmov.b64 dd, {lo, hi};\n"
+                 "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, "
+                 "{%80,%81,%82,%83}, dd, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(dlo), "r"(1), "n"(OFF >> 4), "n"(WG_DESC_SW128_HI));
+#else
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)dlo;
+    __trap();
+#endif
+}
+
 template <int N, int OFF>
 __device__ __forceinline__ void wgmma_tn(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t dlo) {
-    static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 128, "tile widths 32, 48, 64, 80, 128");
+    static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 128 || N == 160, "tile widths 32, 48, 64, 80, 128, 160");
     if constexpr (N == 32) wgmma_n32<OFF>(d, a0, a1, a2, a3, dlo);
     else if constexpr (N == 48) wgmma_n48<OFF>(d, a0, a1, a2, a3, dlo);
     else if constexpr (N == 64) wgmma_n64<OFF>(d, a0, a1, a2, a3, dlo);
     else if constexpr (N == 80) wgmma_n80<OFF>(d, a0, a1, a2, a3, dlo);
     else if constexpr (N == 128) wgmma_n128<OFF>(d, a0, a1, a2, a3, dlo);
+    else if constexpr (N == 160) wgmma_n160<OFF>(d, a0, a1, a2, a3, dlo);
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
