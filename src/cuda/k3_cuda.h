@@ -106,8 +106,9 @@ int k3_cuda_route_noaux_tc_host(const float *logits, int T, int E, const float *
  * --backend cuda|cuda-fused` calls). Expert bytes are random but valid (finite scales),
  * generated on the device in kernel layout; routing is uniform random top-k (splitmix64,
  * seed, the same draw as tools/torch_grouped_mm_peer.py). Times: `reps` launches after
- * `warmup`, issued back to back in 5 batches (host enqueue overlapped, as in a model's
- * stream), CUDA events around each batch; the median of the 5 per-launch means. */
+ * `warmup` (continued until they span 50 ms when warmup > 0), issued back to back in 5
+ * batches (host enqueue overlapped, as in a model's stream), CUDA events around each batch;
+ * the median of the 5 per-launch means. */
 typedef struct k3_cuda_bench_opts {
     int n_experts, hidden, inter, top_k;
     k3_wfmt fmt;      /* NVFP4 or MXFP4 */

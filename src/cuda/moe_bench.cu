@@ -200,8 +200,18 @@ extern "C" int k3_cuda_bench_run(k3_cuda_bench *b, k3_cuda_backend backend, int 
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    for (int i = 0; i < warm && rc == K3_OK; i++)
+    /* Warm-up: `warm` runs, continued until they span 50 ms. After a tensor-heavy run (the bf16
+     * peak probe, a prefill size) the GPU sits under its power cap for tens of ms. That once
+     * made a first timed T = 1 row 25% slow (docs/BENCHMARKS.md, eighteenth session). */
+    cudaEventRecord(e0, 0);
+    float warm_ms = 0.f;
+    for (int i = 0; rc == K3_OK && (i < warm || (warm > 0 && warm_ms < 50.f)); i++) {
         rc = k3_cuda_moe_run(&b->m, backend, o->mode, b->dx, T, b->di, b->dw, k, b->dy, NULL, err);
+        if (rc == K3_OK && warm > 0 && i + 1 >= warm &&
+            (cudaEventRecord(e1, 0) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+             cudaEventElapsedTime(&warm_ms, e0, e1) != cudaSuccess))
+            break; /* the synchronize below reports the error */
+    }
     if (rc == K3_OK && (ce = cudaDeviceSynchronize()) != cudaSuccess)
         rc = k3_cuda_fail(err, ce, "cuda bench: warm-up", __FILE__, __LINE__);
     for (int i = 0; i < nb && rc == K3_OK; i++) {
