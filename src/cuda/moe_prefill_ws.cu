@@ -199,6 +199,73 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
     wp_step<FMT, TN, NP, MTW, H, 3>(acc, a, w, sc, d0, release);
 }
 
+/* FC1 epilogue over a warp's MTW M tiles (mt0, mt0 + 4, ...) at once: per token column the
+ * activation and store of every tile's rows, then one |h| max over all of them: one shuffle
+ * tree and one atomic per column instead of one per tile. Why: FC1's epilogue ran exposed for
+ * ~14 us per job (the producer's ring holds ~3 us), lab/NOTES.md v25; H100, same call, FC1
+ * stage of the 48-token kernels (MTW = 2) 2-10% faster, and nine of them lost an 8-byte spill.
+ * With MTW = 1 there is nothing to combine (and the 96-register kernels would spill), so those
+ * keep wg_epilogue. */
+template <int ACT, int TN, int MTW>
+__device__ __forceinline__ void wp_epilogue_fc1(const MoeDev &m, const MoeRun &r, int e, int p0, int n, int mt0,
+                                                int mtiles, int g, int q, const float acc[MTW][TN / 2]) {
+    constexpr int NC = TN / 4, CB = NC < 8 ? NC : 8;
+    const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
+    const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
+    const float li = m.limit ? m.limit[e] : INFINITY;
+#pragma unroll
+    for (int u0 = 0; u0 < NC; u0 += CB) {
+        int tk[CB]; /* the chunk's token indices, then their scales: loads issued before the stores */
+        float xsv[CB];
+#pragma unroll
+        for (int v = 0; v < CB; v++) {
+            const int j = 8 * ((u0 + v) >> 1) + 2 * q + ((u0 + v) & 1);
+            tk[v] = u0 + v < NC && j < n ? r.sorted_tok[p0 + j] : -1;
+        }
+#pragma unroll
+        for (int v = 0; v < CB; v++) xsv[v] = tk[v] >= 0 ? r.xs[tk[v]] : 0.f;
+#pragma unroll
+        for (int v = 0; v < CB; v++) {
+            const int u = u0 + v;
+            if (u >= NC) break;
+            const int j = 8 * (u >> 1) + 2 * q + (u & 1), i = 4 * (u >> 1) + (u & 1);
+            const bool ok = tk[v] >= 0;
+            const float xs = xsv[v];
+            float *hr = r.h + (size_t)(p0 + j) * m.I;
+            float am = 0.f;
+            bool nan = false;
+#pragma unroll
+            for (int t = 0; t < MTW; t++) {
+                const int mt = mt0 + 4 * t;
+                if (mt >= mtiles) break; /* warp-uniform */
+                const float r0 = acc[t][i], r8 = acc[t][i + 2];
+                float v0, v1;
+                int i0, i1;
+                if (m.gated) {
+                    v0 = act_gated<ACT>(r8 * fb * xs, r0 * fa * xs, al, be, li);
+                    v1 = 0.f;
+                    i0 = mt * 8 + g;
+                    i1 = -1;
+                } else {
+                    v0 = act_plain<ACT>(r0 * fa * xs);
+                    v1 = act_plain<ACT>(r8 * fa * xs);
+                    i0 = mt * 16 + g;
+                    i1 = i0 + 8;
+                }
+                if (ok) {
+                    hr[i0] = v0;
+                    if (i1 >= 0) hr[i1] = v1;
+                    am = fmaxf(am, fmaxf(fabsf(v0), fabsf(v1)));
+                    nan |= isnan(v0) || isnan(v1);
+                }
+            }
+            am = warp_max8(am);
+            if (nan) am = NAN;
+            if (ok && g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+        }
+    }
+}
+
 template <int FMT, int ACT, int TN, int FC2, int NP>
 __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r) {
     constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN), MTW = wp_mtw(TN, FC2);
@@ -272,10 +339,14 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         wg_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
         sg += nst;
+        if constexpr (!FC2 && MTW > 1) {
+            wp_epilogue_fc1<ACT, TN, MTW>(m, r, wk.x, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc);
+        } else {
 #pragma unroll
-        for (int t = 0; t < MTW; t++) {
-            const int mt = rb * TILES + ti0 + 4 * t;
-            if (mt < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, wk.x, wk.y, wk.z, mt, g, q, acc[t]);
+            for (int t = 0; t < MTW; t++) {
+                const int mt = rb * TILES + ti0 + 4 * t;
+                if (mt < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, wk.x, wk.y, wk.z, mt, g, q, acc[t]);
+            }
         }
     }
 }
