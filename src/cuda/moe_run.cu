@@ -629,6 +629,10 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
  * tokens on one expert under uniform routing, for the three widths at once. */
 static void wp_items(const k3_cuda_moe *m, int T, int k, const int w[3], double out[3]) {
     const double p = (double)k / m->d.n_experts, mu = T * p, sd = sqrt(mu * (1 - p));
+    if (p >= 1) { /* k = E: every expert gets all T tokens (the pmf below would be 0 * log 0) */
+        for (int i = 0; i < 3; i++) out[i] = (T + w[i] - 1) / w[i];
+        return;
+    }
     const int lo = mu - 12 * sd > 1 ? (int)(mu - 12 * sd) : 1, hi = mu + 12 * sd + 16 < T ? (int)(mu + 12 * sd + 16) : T;
     out[0] = out[1] = out[2] = 0;
     for (int n = lo; n <= hi; n++) {
