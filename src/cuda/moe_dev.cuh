@@ -518,15 +518,12 @@ __device__ __forceinline__ float warp_max8(float v) {
     return v;
 }
 
-/* The FC1 output of one position pos (valid when ok) for this lane's row pair of 16-row tile
- * mt: r0 = accumulator of row g, r8 = of row g + 8 (up and gate rows when gated, two output
- * rows otherwise). Applies the activation, writes h and folds |h| into the position's max (a
- * NaN max is stored as NaN). Every lane of the warp must call it (the max is a shuffle). */
+/* The activation of this lane's row pair of 16-row tile mt: r0 = accumulator of row g, r8 = of
+ * row g + 8 (up and gate rows when gated, two output rows otherwise). v0 / v1 go to h columns
+ * i0 / i1 (i1 = -1: none). */
 template <int ACT>
-__device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int pos, bool ok, int mt, int g, float r0,
-                                          float r8, float fa, float fb, float xs, float al, float be, float li) {
-    float v0, v1;
-    int i0, i1;
+__device__ __forceinline__ void fc1_act(const MoeDev &m, int mt, int g, float r0, float r8, float fa, float fb, float xs,
+                                        float al, float be, float li, float &v0, float &v1, int &i0, int &i1) {
     if (m.gated) { /* set at upload from k3_act_is_gated */
         v0 = act_gated<ACT>(r8 * fb * xs, r0 * fa * xs, al, be, li);
         v1 = 0.f;
@@ -538,6 +535,17 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
         i0 = mt * 16 + g;
         i1 = i0 + 8;
     }
+}
+
+/* The FC1 output of one position pos (valid when ok) for this lane's row pair of tile mt
+ * (fc1_act): writes h and folds |h| into the position's max (a NaN max is stored as NaN). Every
+ * lane of the warp must call it (the max is a shuffle). */
+template <int ACT>
+__device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int pos, bool ok, int mt, int g, float r0,
+                                          float r8, float fa, float fb, float xs, float al, float be, float li) {
+    float v0, v1;
+    int i0, i1;
+    fc1_act<ACT>(m, mt, g, r0, r8, fa, fb, xs, al, be, li, v0, v1, i0, i1);
     float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
     if (isnan(v0) || isnan(v1)) am = NAN;
     if (ok) {

@@ -238,20 +238,9 @@ __device__ __forceinline__ void wp_epilogue_fc1(const MoeDev &m, const MoeRun &r
             for (int t = 0; t < MTW; t++) {
                 const int mt = mt0 + 4 * t;
                 if (mt >= mtiles) break; /* warp-uniform */
-                const float r0 = acc[t][i], r8 = acc[t][i + 2];
                 float v0, v1;
                 int i0, i1;
-                if (m.gated) {
-                    v0 = act_gated<ACT>(r8 * fb * xs, r0 * fa * xs, al, be, li);
-                    v1 = 0.f;
-                    i0 = mt * 8 + g;
-                    i1 = -1;
-                } else {
-                    v0 = act_plain<ACT>(r0 * fa * xs);
-                    v1 = act_plain<ACT>(r8 * fa * xs);
-                    i0 = mt * 16 + g;
-                    i1 = i0 + 8;
-                }
+                fc1_act<ACT>(m, mt, g, acc[t][i], acc[t][i + 2], fa, fb, xs, al, be, li, v0, v1, i0, i1);
                 if (ok) {
                     hr[i0] = v0;
                     if (i1 >= 0) hr[i1] = v1;

@@ -634,9 +634,10 @@ static void wp_items(const k3_cuda_moe *m, int T, int k, const int w[3], double 
         return;
     }
     const int lo = mu - 12 * sd > 1 ? (int)(mu - 12 * sd) : 1, hi = mu + 12 * sd + 16 < T ? (int)(mu + 12 * sd + 16) : T;
+    const double lt = lgamma(T + 1.0), lp = log(p), lq = log1p(-p);
     out[0] = out[1] = out[2] = 0;
     for (int n = lo; n <= hi; n++) {
-        const double pmf = exp(lgamma(T + 1.0) - lgamma(n + 1.0) - lgamma(T - n + 1.0) + n * log(p) + (T - n) * log1p(-p));
+        const double pmf = exp(lt - lgamma(n + 1.0) - lgamma(T - n + 1.0) + n * lp + (T - n) * lq);
         for (int i = 0; i < 3; i++) out[i] += pmf * ((n + w[i] - 1) / w[i]);
     }
 }
