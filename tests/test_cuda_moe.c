@@ -396,8 +396,8 @@ static int check_widths(model *m, k3_cuda_moe *cm, const char *what, k3_act_mode
  * k_wgp: 48, 80 and 160, items split evenly), against the reference:
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4 and
  * w4a16-bf16 (one term);
- * T from one token to several tiles per expert, all tokens on one expert (items split at the
- * tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
+ * T from one token to several tiles per expert, enough jobs for several per persistent CTA, all
+ * tokens on one expert (items split at the tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
 static void test_wgmma_path(void **s) {
     (void)s;
     NEED_GPU();
@@ -436,6 +436,14 @@ static void test_wgmma_path(void **s) {
                 }
             snprintf(what, sizeof what, "%s %-11s one expert", f ? "mxfp4" : "nvfp4", act_names[acts[a]]);
             for (int mi = 0; mi < 3; mi += 2) ran += check_widths(&m, cm, what, modes[mi], 300, 1, ROUTE_ONE_EXPERT);
+            /* Several jobs per persistent CTA (k_wgp: ~5-10 at 48 tokens, ~3-5 at 160), so that the
+             * per-job shared-memory tables and the stage ring are reused across jobs; the cases
+             * above give each CTA at most two. */
+            if (a == 0) {
+                snprintf(what, sizeof what, "%s %-11s many jobs", f ? "mxfp4" : "nvfp4", act_names[acts[a]]);
+                for (int mi = 0; mi < (quick ? 1 : 3); mi += 2)
+                    ran += check_widths(&m, cm, what, modes[mi], quick ? 2048 : 4096, 8, ROUTE_RANDOM);
+            }
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 3, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 8, &err), K3_ERR_ARG);
             assert_int_equal(k3_cuda_moe_set_gemm_path(cm, 256, &err), K3_ERR_ARG);

@@ -9,9 +9,11 @@
  * weight rows x TN tokens (0.011 bytes per multiply-add at TN = 80) and no barrier of the whole
  * CTA sits in the main loop.
  *
- * Warpgroup 0 produces (cp.async of the stage's token rows and the CTA's tiles' half units of
- * codes and scales into a ring of shared-memory stages; each thread's copies signal the stage's
- * full barrier when they land: cp.async.mbarrier.arrive.noinc); the other warpgroups consume
+ * Warpgroup 0 produces (cp.async of the stage's FC1 token rows and the CTA's tiles' half units
+ * of codes and scales into a ring of shared-memory stages, each thread's copies signalling the
+ * stage's full barrier when they land: cp.async.mbarrier.arrive.noinc; FC2's token rows by one
+ * TMA box, counted on the same barrier as transaction bytes; and each job's epilogue operands
+ * into a table, WpTab); the other warpgroups consume
  * (each warp decodes one 16-row tile per 64-row M tile of its warpgroup, MTW of them, into a
  * four-step register ring as in k_wg, and issues per 16-k step and M tile one wgmma m64nTNk16 per
  * fp16 term into the same fp32 accumulators). A consumer warp hands a stage back (empty barrier,
@@ -42,6 +44,8 @@
 #include "cuda/moe_prefill.cuh"
 #include "cuda/moe_state.cuh"
 #include "cuda/moe_wgmma.cuh"
+#include <cudaTypedefs.h>
+#include <string.h>
 
 extern "C" {
 #include "base/base.h"
@@ -110,33 +114,54 @@ __host__ __device__ constexpr int wp_stages(int tn, int np) {
 }
 __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stages(tn, np) * wp_stage_bytes(tn, np); }
 
-/* The producer's copies of stage s of a job: its token rows (two threads per row, alternate
- * 16-byte pieces: one 32-byte sector per pair; rows past the item's tokens are not copied, their
- * columns are never stored) and the CTA's tiles' half units: thread tid copies, of tiles
- * tid / 8 + 16 u, the code pieces tid % 8 + 8 j (j < 4: 128 contiguous bytes per 8 threads) and
- * the scale piece tid % 8 where the format has one, from the tiles' unit pointers (wt, sct: the
- * job's unit 0, so a stage costs no division and no index arithmetic; the per-piece division of
- * the earlier loop made the producer 27% of the kernel's instructions, ncu, lab/NOTES.md v22). */
+/* The producer's copies of stage s of a job. Token rows: FC1 gathers them by cp.async (two
+ * threads per row, alternate 16-byte pieces: one 32-byte sector per pair; rows past the item's
+ * tokens are not copied, their columns are never stored); FC2's rows of an item are contiguous
+ * positions, one TMA box of TN rows x 64 k per term (thread 0; the copy engine applies the
+ * 128-byte swizzle from the destination address, as wg_bpiece lays it out; rows past the item's
+ * positions are loaded, or zero-filled past the array, and never stored), counted on the stage's
+ * full barrier as transaction bytes. Weights: the CTA's tiles' half units by cp.async, thread
+ * tid copying, of tiles tid / 8 + 16 u, the code pieces tid % 8 + 8 j (j < 4: 128 contiguous
+ * bytes per 8 threads) and the scale piece tid % 8 where the format has one, from the tiles'
+ * unit pointers (wt, sct: the job's unit 0, so a stage costs no division and no index
+ * arithmetic; the per-piece division of an earlier loop made the producer 27% of the kernel's
+ * instructions, v22).
+ * Measured (H100, one call, two rounds, FC2 stage ms, NVFP4): the box against cp.async rows
+ * w4a16 T = 2048 3.80 / 3.83 -> 3.69 / 3.65, T = 8192 9.99 / 10.26 -> 9.43 / 9.34, w4a16-bf16
+ * T = 8192 5.66 / 5.81 -> 4.93 / 4.91. FC1's gathered rows as one 128-byte box each ran 66% /
+ * 86% slower than by cp.async at T = 2048 / 8192, and multicasting the rows over two-CTA
+ * clusters (the other CTA on the next row block) gained nothing in FC2 and did not close FC1's
+ * gap (lab/NOTES.md v26; the code is lab/pending/tma_cluster_tokens.patch). */
 __host__ __device__ constexpr int wp_tpt(int tn) { return (wp_tiles(tn) + 15) / 16; } /* tiles per producer thread */
 __host__ __device__ constexpr int wp_rpt(int tn) { return (tn + 63) / 64; } /* token rows per producer thread pair */
 template <int FMT, int TN, int NP, int FC2>
-__device__ __forceinline__ void wp_fill(const MoeDev &m, uint32_t st, int s, const __half *const src[wp_rpt(TN)], const int nrow,
+__device__ __forceinline__ void wp_fill(const MoeDev &m, const void *tmap, uint32_t st, uint32_t fullb, int s, int p0,
+                                        const __half *const src[wp_rpt(TN)], const int nrow,
                                         const uint8_t *const wt[wp_tpt(TN)], const uint8_t *const sct[wp_tpt(TN)],
                                         int tid) {
     constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    const int K = FC2 ? m.I : m.H, pair = tid & 1;
+    const int K = FC2 ? m.I : m.H;
+    if (FC2) {
+        if (tid == 0) {
+            mbar_expect_tx(fullb, NP * TN * WG_KS * 2);
 #pragma unroll
-    for (int rr = 0; rr < wp_rpt(TN); rr++) {
-        const int row = (tid >> 1) + 64 * rr;
-        if (row < nrow) {
+            for (int p = 0; p < NP; p++) tma_load_2d(st + p * wg_part_bytes(TN), tmap, p * K + s * WG_KS, p0, fullb);
+        }
+    } else {
+        const int pair = tid & 1;
 #pragma unroll
-            for (int p = 0; p < NP; p++)
+        for (int rr = 0; rr < wp_rpt(TN); rr++) {
+            const int row = (tid >> 1) + 64 * rr;
+            if (row < nrow) {
 #pragma unroll
-                for (int gi = 0; gi < 4; gi++) {
-                    const int kg = 2 * gi + pair;
-                    cp_async16(st + p * wg_part_bytes(TN) + wg_bpiece(row, kg), src[rr] + p * K + s * WG_KS + kg * 8,
-                               16);
-                }
+                for (int p = 0; p < NP; p++)
+#pragma unroll
+                    for (int gi = 0; gi < 4; gi++) {
+                        const int kg = 2 * gi + pair;
+                        cp_async16(st + p * wg_part_bytes(TN) + wg_bpiece(row, kg), src[rr] + p * K + s * WG_KS + kg * 8,
+                                   16);
+                    }
+            }
         }
     }
     const int c = s >> 1, h = s & 1, pc = tid & 7;
@@ -199,38 +224,75 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
     wp_step<FMT, TN, NP, MTW, H, 3>(acc, a, w, sc, d0, release);
 }
 
-/* FC1 epilogue over a warp's MTW M tiles (mt0, mt0 + 4, ...) at once: per token column the
- * activation and store of every tile's rows, then one |h| max over all of them: one shuffle
- * tree and one atomic per column instead of one per tile. Why: FC1's epilogue ran exposed for
- * ~14 us per job (the producer's ring holds ~3 us), lab/NOTES.md v25; H100, same call, FC1
- * stage of the 48-token kernels (MTW = 2) 2-10% faster, and nine of them lost an 8-byte spill.
- * With MTW = 1 there is nothing to combine (and the 96-register kernels would spill), so those
- * keep wg_epilogue. */
-template <int ACT, int TN, int MTW>
-__device__ __forceinline__ void wp_epilogue_fc1(const MoeDev &m, const MoeRun &r, int e, int p0, int n, int mt0,
-                                                int mtiles, int g, int q, const float acc[MTW][TN / 2]) {
-    constexpr int NC = TN / 4, CB = NC < 8 ? NC : 8;
-    const float fa = m.f1[2 * e], fb = m.f1[2 * e + 1];
-    const float al = m.alpha ? m.alpha[e] : 1.f, be = m.beta ? m.beta[e] : 0.f;
-    const float li = m.limit ? m.limit[e] : INFINITY;
+/* A job's epilogue operands, copied into shared memory by the producer with the job's last
+ * stage (its cp.async arrive covers them, so the consumers' wait on that stage makes them
+ * visible): per token column FC1 the token's x row scale, FC2 the position's h row scale and its
+ * slot; and the expert's factors (FC1: f1 pair, alpha, beta, limit; FC2: f2). One table: the
+ * producer writes job j's once the consumers have handed back job j - 1's (tempty, after their
+ * epilogue), which by j's last stage they have done but for the shortest K. Two tables would not
+ * fit beside the 160-token one-term ring (227 KB). Why: the epilogue's loads were a chain of
+ * dependent global loads (FC1: the token, then its scale, per 8 columns) behind the loaded memory
+ * system; FC1's epilogue ran exposed for ~14 us per job (lab/NOTES.md v25). H100, one call, two
+ * rounds, FC1 stage ms: w4a16 T = 8192 24.26 / 25.27 -> 22.84 / 23.08, w4a16-bf16 16.41 / 16.40 ->
+ * 15.92 / 15.87; level at T = 2048 (v26). */
+template <int TN>
+struct WpTab {
+    float2 col[TN];
+    float cst[8];
+};
+
+/* The producer's part: row `row` of the job (token tok, position p), thread pair's first thread;
+ * and the factors from threads 0..4. Absent parameter arrays (alpha, beta, limit) are not copied:
+ * the consumers use their defaults. */
+template <int TN, int FC2>
+__device__ __forceinline__ void wp_tab_row(const MoeRun &r, uint32_t tb, int row, int tok, int p) {
+    if (FC2) {
+        cp_async4(tb + row * 8, r.hs + p);
+        cp_async4(tb + row * 8 + 4, r.sorted_slot + p);
+    } else {
+        cp_async4(tb + row * 8, r.xs + tok);
+    }
+}
+template <int TN, int FC2>
+__device__ __forceinline__ void wp_tab_cst(const MoeDev &m, uint32_t tb, int e, int tid) {
+    const float *c = nullptr;
+    if (FC2) c = tid == 0 ? m.f2 + e : nullptr;
+    else if (tid < 2) c = m.f1 + 2 * e + tid;
+    else if (tid == 2 && m.alpha) c = m.alpha + e;
+    else if (tid == 3 && m.beta) c = m.beta + e;
+    else if (tid == 4 && m.limit) c = m.limit + e;
+    if (c) cp_async4(tb + TN * 8 + tid * 4, c);
+}
+
+/* The epilogue of a warp's MTW M tiles (mt0, mt0 + 4, ...) from the job's table. FC1: per token
+ * column the activation and store of every tile's rows, then one |h| max over all of them (one
+ * shuffle tree and one atomic per column instead of one per tile: FC1 stage of the 48-token
+ * kernels 2-10% faster, v25). FC2: the unweighted rows of the column's slot. */
+template <int ACT, int TN, int MTW, int FC2>
+__device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, const WpTab<TN> &tb, int p0, int n, int mt0,
+                                            int mtiles, int g, int q, const float acc[MTW][TN / 2]) {
+    constexpr int NC = TN / 4;
+    const float c0 = tb.cst[0], c1 = tb.cst[1];
+    const float al = !FC2 && m.alpha ? tb.cst[2] : 1.f, be = !FC2 && m.beta ? tb.cst[3] : 0.f;
+    const float li = !FC2 && m.limit ? tb.cst[4] : INFINITY;
 #pragma unroll
-    for (int u0 = 0; u0 < NC; u0 += CB) {
-        int tk[CB]; /* the chunk's token indices, then their scales: loads issued before the stores */
-        float xsv[CB];
+    for (int u = 0; u < NC; u++) {
+        const int j = 8 * (u >> 1) + 2 * q + (u & 1), i = 4 * (u >> 1) + (u & 1);
+        const bool ok = j < n;
+        const float2 cv = ok ? tb.col[j] : make_float2(0.f, 0.f);
+        if (FC2) {
+            if (ok) {
+                const float sc = c0 * cv.x;
+                float *o = r.part + (size_t)__float_as_int(cv.y) * m.H + g;
 #pragma unroll
-        for (int v = 0; v < CB; v++) {
-            const int j = 8 * ((u0 + v) >> 1) + 2 * q + ((u0 + v) & 1);
-            tk[v] = u0 + v < NC && j < n ? r.sorted_tok[p0 + j] : -1;
-        }
-#pragma unroll
-        for (int v = 0; v < CB; v++) xsv[v] = tk[v] >= 0 ? r.xs[tk[v]] : 0.f;
-#pragma unroll
-        for (int v = 0; v < CB; v++) {
-            const int u = u0 + v;
-            if (u >= NC) break;
-            const int j = 8 * (u >> 1) + 2 * q + (u & 1), i = 4 * (u >> 1) + (u & 1);
-            const bool ok = tk[v] >= 0;
-            const float xs = xsv[v];
+                for (int t = 0; t < MTW; t++) {
+                    const int mt = mt0 + 4 * t;
+                    if (mt >= mtiles) break;
+                    o[mt * 16] = acc[t][i] * sc;
+                    o[mt * 16 + 8] = acc[t][i + 2] * sc;
+                }
+            }
+        } else {
             float *hr = r.h + (size_t)(p0 + j) * m.I;
             float am = 0.f;
             bool nan = false;
@@ -240,7 +302,7 @@ __device__ __forceinline__ void wp_epilogue_fc1(const MoeDev &m, const MoeRun &r
                 if (mt >= mtiles) break; /* warp-uniform */
                 float v0, v1;
                 int i0, i1;
-                fc1_act<ACT>(m, mt, g, acc[t][i], acc[t][i + 2], fa, fb, xs, al, be, li, v0, v1, i0, i1);
+                fc1_act<ACT>(m, mt, g, acc[t][i], acc[t][i + 2], c0, c1, cv.x, al, be, li, v0, v1, i0, i1);
                 if (ok) {
                     hr[i0] = v0;
                     if (i1 >= 0) hr[i1] = v1;
@@ -256,26 +318,32 @@ __device__ __forceinline__ void wp_epilogue_fc1(const MoeDev &m, const MoeRun &r
 }
 
 template <int FMT, int ACT, int TN, int FC2, int NP>
-__global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r) {
+__global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r, const __grid_constant__ CUtensorMap tmap) {
     constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN), MTW = wp_mtw(TN, FC2);
     extern __shared__ __align__(1024) uint8_t wsm[];
-    __shared__ __align__(8) uint64_t bars[16];
+    __shared__ __align__(8) uint64_t bars[17];
+    __shared__ __align__(16) WpTab<TN> tab;
     const int tid = threadIdx.x, lane = tid & 31;
-    const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * 8;
+    const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * 8, tempty = full + 8 * 16;
     if (tid == 0) {
         for (int b = 0; b < ST; b++) {
             mbar_init(full + 8 * b, WP_PRODUCERS);
             mbar_init(empty + 8 * b, 4 * wp_cw(TN, FC2));
         }
+        mbar_init(tempty, 4 * wp_cw(TN, FC2));
         mbar_init_fence();
     }
     __syncthreads();
     const int mtiles = FC2 ? m.m2 : m.m1, nst = 2 * (FC2 ? m.nk2 : m.nk1), K = FC2 ? m.I : m.H;
-    const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
     uint32_t sg = 0; /* stages begun so far in this CTA: the same sequence in every role */
+    /* (the job count is computed after each role's setmaxnreg: held across it, ptxas spilled it
+     * in the 96-register kernels) */
     if (tid < WP_PRODUCERS) {
         regs_dec<WP_REGS_PRODUCER>();
+        const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
+        uint32_t jl = 0; /* jobs begun so far */
         const __half *plain = (const __half *)(FC2 ? r.hq : r.xq);
+        const uint32_t tb = smem_u32(&tab);
         for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
             const int wi = job / nrb, rb = job - wi * nrb;
             const int4 wk = r.work[wi];
@@ -293,22 +361,34 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
 #pragma unroll
             for (int rr = 0; rr < wp_rpt(TN); rr++) {
                 const int row = (tid >> 1) + 64 * rr;
-                const int srow = row < nrow ? (FC2 ? wk.y + row : r.sorted_tok[wk.y + row]) : 0;
-                src[rr] = plain + (size_t)srow * 2 * K;
+                src[rr] = plain + (size_t)(!FC2 && row < nrow ? r.sorted_tok[wk.y + row] : 0) * 2 * K;
             }
 #pragma unroll 1
             for (int s = 0; s < nst; s++) {
                 const uint32_t g = sg + s, b = g % ST;
                 if (g >= ST) mbar_wait(empty + 8 * b, ((g / ST) - 1) & 1);
-                wp_fill<FMT, TN, NP, FC2>(m, sbase + b * wp_stage_bytes(TN, NP), s, src, nrow, wt, sct, tid);
+                wp_fill<FMT, TN, NP, FC2>(m, &tmap, sbase + b * wp_stage_bytes(TN, NP), full + 8 * b, s, wk.y, src, nrow, wt,
+                                          sct, tid);
+                if (s == nst - 1) { /* the table, once job jl - 1's has been read; this stage's arrive covers it */
+                    if (jl >= 1) mbar_wait(tempty, (jl - 1) & 1);
+#pragma unroll
+                    for (int rr = 0; rr < wp_rpt(TN); rr++) {
+                        const int row = (tid >> 1) + 64 * rr;
+                        if (row < nrow && !(tid & 1))
+                            wp_tab_row<TN, FC2>(r, tb, row, FC2 ? 0 : r.sorted_tok[wk.y + row], wk.y + row);
+                    }
+                    if (tid < 5) wp_tab_cst<TN, FC2>(m, tb, wk.x, tid);
+                }
                 cp_async_mbar_arrive(full + 8 * b);
             }
             sg += nst;
+            jl++;
         }
         cp_async_wait<0>();
         return;
     }
     regs_inc<wp_regs_consumer(TN, FC2)>();
+    const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
     const int cw = (tid >> 5) - 4, wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
     const int ti0 = wgi * (4 * MTW) + wq; /* this warp's tiles: ti0 + 4 t, one per M tile t of its warpgroup */
     for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
@@ -328,19 +408,13 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         wg_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
         sg += nst;
-        if constexpr (!FC2 && MTW > 1) {
-            wp_epilogue_fc1<ACT, TN, MTW>(m, r, wk.x, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc);
-        } else {
-#pragma unroll
-            for (int t = 0; t < MTW; t++) {
-                const int mt = rb * TILES + ti0 + 4 * t;
-                if (mt < mtiles) wg_epilogue<FMT, ACT, TN, FC2>(m, r, wk.x, wk.y, wk.z, mt, g, q, acc[t]);
-            }
-        }
+        wp_epilogue<ACT, TN, MTW, FC2>(m, r, tab, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(tempty);
     }
 }
 
-typedef void (*kern_t)(MoeDev, MoeRun);
+typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap);
 #define PACTS(X, F, N, P)                                                                             \
     X(F, K3_ACT_IDENTITY, N, P), X(F, K3_ACT_GELU, N, P), X(F, K3_ACT_RELU, N, P), X(F, K3_ACT_SILU, N, P), \
         X(F, K3_ACT_SWIGLU, N, P), X(F, K3_ACT_GEGLU, N, P), X(F, K3_ACT_SWIGLU_BIAS, N, P),              \
@@ -364,6 +438,31 @@ static const kern_t wp_fc2_table[2][WP_NW][2] = {
     {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(WP_WIDE, 2)},
 };
 
+/* cuTensorMapEncodeTiled from the driver through the runtime (k3 links no libcuda). */
+static PFN_cuTensorMapEncodeTiled_v12000 wp_encoder(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return NULL;
+    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+/* The tensor map of a plain activation array (rows of [hi: K halves][lo: K halves]) for boxes of
+ * 64 halves x box_rows rows in the 128-byte swizzle. */
+static int wp_tensor_map(CUtensorMap *map, const void *base, int K, int rows, int box_rows, k3_error *err) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 enc = wp_encoder();
+    if (!enc) return k3_fail(err, K3_ERR_UNSUPPORTED, "k_wgp: the CUDA driver offers no cuTensorMapEncodeTiled");
+    const cuuint64_t dim[2] = {(cuuint64_t)2 * K, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)4 * K};
+    const cuuint32_t box[2] = {WG_KS, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    CUresult cr = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (cr != CUDA_SUCCESS)
+        return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: cuTensorMapEncodeTiled failed (%d) for %d rows of %d halves", (int)cr,
+                       rows, 2 * K);
+    return K3_OK;
+}
+
 int moe_wp_width_ok(int tn) {
     for (int i = 0; i < WP_NW; i++)
         if (wp_widths[i] == tn) return 1;
@@ -384,8 +483,12 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
     const int smem = wp_smem_bytes(tn, r.np) + WG_ALIGN_SLACK;
+    /* FC2's token rows: hq [T k][2 I], boxes of tn positions (FC1 gathers xq rows by cp.async) */
+    CUtensorMap map;
+    memset(&map, 0, sizeof map);
+    if (fc2 && wp_tensor_map(&map, r.hq, d.I, r.T * r.k, tn, err)) return err->status;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r);
+    k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r, map);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, fc2 ? "k_wgp<fc2><<<>>>" : "k_wgp<fc1><<<>>>", __FILE__, __LINE__);
 }

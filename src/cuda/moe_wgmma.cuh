@@ -182,6 +182,10 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+/* 4 bytes global -> shared (through L1: the only form of this size). */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -213,6 +217,23 @@ __device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
         if (ok) return;
         if (spin > (1u << 24)) __trap();
     }
+}
+
+/* A tensor-map copy (TMA): box (c0, c1) of the map into shared memory at dst, its bytes counted
+ * on mbar's transaction count. The map is a kernel parameter (__grid_constant__) passed by
+ * address. */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t mbar) {
+#if K3_WGMMA
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(mbar)
+                 : "memory");
+#endif
+}
+/* The barrier's current phase also waits for `bytes` more transaction bytes. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t bytes) {
+#if K3_WGMMA
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+#endif
 }
 
 /* Per-warpgroup register budget changes (the producer gives registers to the consumers). */
