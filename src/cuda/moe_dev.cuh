@@ -312,7 +312,7 @@ __device__ __forceinline__ float geluf_(float x) { return 0.5f * x * (1.f + erff
 /* tanh for SiTU, from one ex2.approx and one rcp.approx: (1 - e) / (1 + e) with e = exp(-2|x|)
  * from |x| = 0.25 (no cancellation worth counting: 1 - e >= 0.39), below it the odd series to x^7.
  * Float32 emulation against float64 tanh over [-20, 20] and |x| in [1e-8, 10]: max relative
- * error 3.7e-7 (at the switch), against 1.1e-7 for a correctly rounded tanhf; NaN and +-inf go
+ * error 3.7e-7 (at the switch), against 1.1e-7 for numpy's float32 tanh; NaN and +-inf go
  * through (NaN, +-1). Why: SiTU's two tanhf, expf and three IEEE divides were most of FC1's
  * epilogue, which runs exposed once per job (lab/NOTES.md v26): H100, one call, two rounds, FC1
  * stage ms of k_wgp at T = 2048 w4a16-bf16 6.08 / 6.08 -> 5.11 / 4.88, w4a16 8.21 / 8.31 -> 6.95 /
@@ -324,6 +324,7 @@ __device__ __forceinline__ float tanh_fast(float x) {
     const float p = ax * fmaf(x2, fmaf(x2, fmaf(x2, -17.f / 315.f, 2.f / 15.f), -1.f / 3.f), 1.f);
     return copysignf(ax < 0.25f ? p : t, x);
 }
+
 template <int ACT>
 __device__ __forceinline__ float act_gated(float g, float u, float a, float b, float lim) {
     if (ACT == K3_ACT_SWIGLU) return g * sigmoidf_(g) * u;
