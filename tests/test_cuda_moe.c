@@ -397,7 +397,8 @@ static int check_widths(model *m, k3_cuda_moe *cm, const char *what, k3_act_mode
  * both formats, gated and plain activations, w4a16 with fp32 and bf16-valued inputs, w4a4 and
  * w4a16-bf16 (one term);
  * T from one token to several tiles per expert, enough jobs for several per persistent CTA, all
- * tokens on one expert (items split at the tile width) and empty experts. Bounds as above: the path changes only accumulation order. */
+ * tokens on one expert (items split at the tile width) and empty experts. Bounds as above: the
+ * path changes only accumulation order. */
 static void test_wgmma_path(void **s) {
     (void)s;
     NEED_GPU();

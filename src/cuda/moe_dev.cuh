@@ -553,6 +553,13 @@ __device__ __forceinline__ void fc1_act(const MoeDev &m, int mt, int g, float r0
     }
 }
 
+/* Folds |h| max am into a position's max *slot (MoeRun.hamax: bits of a non-negative float, so
+ * atomicMax on the unsigned bits orders them; a NaN max is stored as a quiet NaN, which hconv
+ * propagates). */
+__device__ __forceinline__ void hamax_fold(unsigned *slot, float am) {
+    atomicMax(slot, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+}
+
 /* The FC1 output of one position pos (valid when ok) for this lane's row pair of tile mt
  * (fc1_act): writes h and folds |h| into the position's max (a NaN max is stored as NaN). Every
  * lane of the warp must call it (the max is a shuffle). */
@@ -568,7 +575,7 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
         float *hr = r.h + (size_t)pos * m.I;
         hr[i0] = v0;
         if (i1 >= 0) hr[i1] = v1;
-        if (g == 0) atomicMax(r.hamax + pos, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+        if (g == 0) hamax_fold(r.hamax + pos, am);
     }
 }
 

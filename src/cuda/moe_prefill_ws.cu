@@ -45,7 +45,6 @@
 #include "cuda/moe_state.cuh"
 #include "cuda/moe_wgmma.cuh"
 #include <cudaTypedefs.h>
-#include <string.h>
 
 extern "C" {
 #include "base/base.h"
@@ -244,7 +243,7 @@ struct WpTab {
 /* The producer's part: row `row` of the job (token tok, position p), thread pair's first thread;
  * and the factors from threads 0..4. Absent parameter arrays (alpha, beta, limit) are not copied:
  * the consumers use their defaults. */
-template <int TN, int FC2>
+template <int FC2>
 __device__ __forceinline__ void wp_tab_row(const MoeRun &r, uint32_t tb, int row, int tok, int p) {
     if (FC2) {
         cp_async4(tb + row * 8, r.hs + p);
@@ -312,7 +311,7 @@ __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, co
             }
             am = warp_max8(am);
             if (nan) am = NAN;
-            if (ok && g == 0) atomicMax(r.hamax + p0 + j, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
+            if (ok && g == 0) hamax_fold(r.hamax + p0 + j, am);
         }
     }
 }
@@ -375,7 +374,7 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
                     for (int rr = 0; rr < wp_rpt(TN); rr++) {
                         const int row = (tid >> 1) + 64 * rr;
                         if (row < nrow && !(tid & 1))
-                            wp_tab_row<TN, FC2>(r, tb, row, FC2 ? 0 : r.sorted_tok[wk.y + row], wk.y + row);
+                            wp_tab_row<FC2>(r, tb, row, FC2 ? 0 : r.sorted_tok[wk.y + row], wk.y + row);
                     }
                     if (tid < 5) wp_tab_cst<TN, FC2>(m, tb, wk.x, tid);
                 }
@@ -424,16 +423,15 @@ typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap);
 #define WP_FMTS1(N, P) {{PACTS(WP1K, FMT_NV, N, P)}, {PACTS(WP1K, FMT_MX, N, P)}}
 #define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
 
-/* Tile widths of this path (tokens per item); moe_wp_width_index maps a width to its column. */
-#define WP_NW 3
-static const int wp_widths[WP_NW] = {48, 80, WP_WIDE};
+/* Tile widths of this path (tokens per item), in the order of the kernel tables' width index. */
+const int moe_wp_widths[MOE_WP_NW] = {48, 80, WP_WIDE};
 
 /* [terms - 1][width][fmt][act - 1] */
-static const kern_t wp_fc1_table[2][WP_NW][2][9] = {
+static const kern_t wp_fc1_table[2][MOE_WP_NW][2][9] = {
     {WP_FMTS1(48, 1), WP_FMTS1(80, 1), WP_FMTS1(WP_WIDE, 1)},
     {WP_FMTS1(48, 2), WP_FMTS1(80, 2), WP_FMTS1(WP_WIDE, 2)},
 };
-static const kern_t wp_fc2_table[2][WP_NW][2] = {
+static const kern_t wp_fc2_table[2][MOE_WP_NW][2] = {
     {WP_FMTS2(48, 1), WP_FMTS2(80, 1), WP_FMTS2(WP_WIDE, 1)},
     {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(WP_WIDE, 2)},
 };
@@ -463,17 +461,18 @@ static int wp_tensor_map(CUtensorMap *map, const void *base, int K, int rows, in
     return K3_OK;
 }
 
-int moe_wp_width_ok(int tn) {
-    for (int i = 0; i < WP_NW; i++)
-        if (wp_widths[i] == tn) return 1;
-    return 0;
+/* The index of width tn in moe_wp_widths, -1 for none. */
+static int wp_width_index(int tn) {
+    for (int i = 0; i < MOE_WP_NW; i++)
+        if (moe_wp_widths[i] == tn) return i;
+    return -1;
 }
+
+int moe_wp_width_ok(int tn) { return wp_width_index(tn) >= 0; }
 
 int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
                   k3_error *err) {
-    int wi = -1;
-    for (int i = 0; i < WP_NW; i++)
-        if (wp_widths[i] == tn) wi = i;
+    const int wi = wp_width_index(tn);
     if (wi < 0)
         return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48, 80 or %d)", tn, WP_WIDE);
     /* the kernel walks d.m1 FC1 tiles: the upload sized them from the one gated table */
@@ -484,8 +483,7 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
     const int smem = wp_smem_bytes(tn, r.np) + WG_ALIGN_SLACK;
     /* FC2's token rows: hq [T k][2 I], boxes of tn positions (FC1 gathers xq rows by cp.async) */
-    CUtensorMap map;
-    memset(&map, 0, sizeof map);
+    CUtensorMap map = {}; /* unused by FC1 */
     if (fc2 && wp_tensor_map(&map, r.hq, d.I, r.T * r.k, tn, err)) return err->status;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r, map);

@@ -625,20 +625,21 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
  * Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
 #define WP_MIN_TOKENS_PER_EXPERT 32
 
-/* Expected work items of width w[i] per expert, E[ceil(n / w[i])] for n ~ Binomial(T, k / E)
- * tokens on one expert under uniform routing, for the three widths at once. */
-static void wp_items(const k3_cuda_moe *m, int T, int k, const int w[3], double out[3]) {
+/* Expected work items per expert of each width w of moe_wp_widths, E[ceil(n / w)] for
+ * n ~ Binomial(T, k / E) tokens on one expert under uniform routing. */
+static void wp_items(const k3_cuda_moe *m, int T, int k, double out[MOE_WP_NW]) {
+    const int *w = moe_wp_widths;
     const double p = (double)k / m->d.n_experts, mu = T * p, sd = sqrt(mu * (1 - p));
     if (p >= 1) { /* k = E: every expert gets all T tokens (the pmf below would be 0 * log 0) */
-        for (int i = 0; i < 3; i++) out[i] = (T + w[i] - 1) / w[i];
+        for (int i = 0; i < MOE_WP_NW; i++) out[i] = (T + w[i] - 1) / w[i];
         return;
     }
     const int lo = mu - 12 * sd > 1 ? (int)(mu - 12 * sd) : 1, hi = mu + 12 * sd + 16 < T ? (int)(mu + 12 * sd + 16) : T;
     const double lt = lgamma(T + 1.0), lp = log(p), lq = log1p(-p);
-    out[0] = out[1] = out[2] = 0;
+    for (int i = 0; i < MOE_WP_NW; i++) out[i] = 0;
     for (int n = lo; n <= hi; n++) {
         const double pmf = exp(lt - lgamma(n + 1.0) - lgamma(T - n + 1.0) + n * lp + (T - n) * lq);
-        for (int i = 0; i < 3; i++) out[i] += pmf * ((n + w[i] - 1) / w[i]);
+        for (int i = 0; i < MOE_WP_NW; i++) out[i] += pmf * ((n + w[i] - 1) / w[i]);
     }
 }
 
@@ -647,14 +648,14 @@ static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
     if (m->force_wp) return m->force_wp;
     if (m->force_wg) return 0;
     if (tokens_per_expert(m, T, k) < WP_MIN_TOKENS_PER_EXPERT) return 0;
-    static const int w[3] = {48, 80, 160};
-    static const double item_cost[2][3] = {{1.0, 1.36, 2.28}, {1.0, 1.46, 2.6}}; /* [terms - 1][width] */
-    double items[3];
-    wp_items(m, T, k, w, items);
+    /* [terms - 1][width of moe_wp_widths] */
+    static const double item_cost[2][MOE_WP_NW] = {{1.0, 1.36, 2.28}, {1.0, 1.46, 2.6}};
+    double items[MOE_WP_NW];
+    wp_items(m, T, k, items);
     int best = 0;
-    for (int i = 1; i < 3; i++)
+    for (int i = 1; i < MOE_WP_NW; i++)
         if (items[i] * item_cost[np - 1][i] < items[best] * item_cost[np - 1][best]) best = i;
-    return w[best];
+    return moe_wp_widths[best];
 }
 
 /* A grouped-chain launch; with pdl the kernel may start before its predecessor ends (it calls

@@ -56,7 +56,10 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
 
 /* The warp-specialized sm_90a GEMMs (moe_prefill_ws.cu): the same FC1 / FC2 contract over work
  * items of at most tn tokens split evenly (MoeRun.split), one persistent CTA per SM.
- * moe_wp_width_ok: whether tn is one of its tile widths (48, 80, 160). */
+ * moe_wp_widths: its tile widths (48, 80, 160), what the automatic choice (pick_wp) picks from;
+ * moe_wp_width_ok: whether tn is one of them. */
+#define MOE_WP_NW 3
+extern const int moe_wp_widths[MOE_WP_NW];
 int moe_wp_width_ok(int tn);
 int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
                   k3_error *err);
