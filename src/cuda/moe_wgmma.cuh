@@ -167,6 +167,86 @@ __device__ __forceinline__ void wgmma_tn(float *d, uint32_t a0, uint32_t a1, uin
     else if constexpr (N == 160) wgmma_n160<OFF>(d, a0, a1, a2, a3, dlo);
 }
 
+/* d[64 x N] += A[64 x 16] * B[16 x N], both operands in shared memory (K-major, 128-byte swizzle):
+ * A from the descriptor whose lower word is alo plus AOFF bytes, B from blo plus BOFF (as in the
+ * register-A forms above). For the decode-warpgroup kernels (moe_prefill_ws.cu, WP_SS). */
+template <int AOFF, int BOFF>
+__device__ __forceinline__ void wgmma_ss_n48(float *d, uint32_t alo, uint32_t blo) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 al, bl, hi;\nsetp.ne.b32 p, %28, 0;\nadd.u32 al, %24, %26;\n"
+                 "add.u32 bl, %25, %27;\nmov.b32 hi, %29;\nmov.b64 da, {al, hi};\nmov.b64 db, {bl, hi};\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, da, db, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 : "r"(alo), "r"(blo), "n"(AOFF >> 4), "n"(BOFF >> 4), "r"(1), "n"(WG_DESC_SW128_HI));
+#else
+    (void)d, (void)alo, (void)blo;
+    __trap();
+#endif
+}
+
+template <int AOFF, int BOFF>
+__device__ __forceinline__ void wgmma_ss_n80(float *d, uint32_t alo, uint32_t blo) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 al, bl, hi;\nsetp.ne.b32 p, %44, 0;\nadd.u32 al, %40, %42;\n"
+                 "add.u32 bl, %41, %43;\nmov.b32 hi, %45;\nmov.b64 da, {al, hi};\nmov.b64 db, {bl, hi};\n"
+                 "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, da, db, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+                 : "r"(alo), "r"(blo), "n"(AOFF >> 4), "n"(BOFF >> 4), "r"(1), "n"(WG_DESC_SW128_HI));
+#else
+    (void)d, (void)alo, (void)blo;
+    __trap();
+#endif
+}
+
+template <int AOFF, int BOFF>
+__device__ __forceinline__ void wgmma_ss_n96(float *d, uint32_t alo, uint32_t blo) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 al, bl, hi;\nsetp.ne.b32 p, %52, 0;\nadd.u32 al, %48, %50;\n"
+                 "add.u32 bl, %49, %51;\nmov.b32 hi, %53;\nmov.b64 da, {al, hi};\nmov.b64 db, {bl, hi};\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, da, db, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "r"(alo), "r"(blo), "n"(AOFF >> 4), "n"(BOFF >> 4), "r"(1), "n"(WG_DESC_SW128_HI));
+#else
+    (void)d, (void)alo, (void)blo;
+    __trap();
+#endif
+}
+
+template <int AOFF, int BOFF>
+__device__ __forceinline__ void wgmma_ss_n160(float *d, uint32_t alo, uint32_t blo) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 al, bl, hi;\nsetp.ne.b32 p, %84, 0;\nadd.u32 al, %80, %82;\n"
+                 "add.u32 bl, %81, %83;\nmov.b32 hi, %85;\nmov.b64 da, {al, hi};\nmov.b64 db, {bl, hi};\n"
+                 "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, da, db, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+                 : "r"(alo), "r"(blo), "n"(AOFF >> 4), "n"(BOFF >> 4), "r"(1), "n"(WG_DESC_SW128_HI));
+#else
+    (void)d, (void)alo, (void)blo;
+    __trap();
+#endif
+}
+
+template <int N, int AOFF, int BOFF>
+__device__ __forceinline__ void wgmma_ss(float *d, uint32_t alo, uint32_t blo) {
+    static_assert(N == 48 || N == 80 || N == 96 || N == 160, "tile widths 48, 80, 96, 160");
+    if constexpr (N == 48) wgmma_ss_n48<AOFF, BOFF>(d, alo, blo);
+    else if constexpr (N == 96) wgmma_ss_n96<AOFF, BOFF>(d, alo, blo);
+    else if constexpr (N == 80) wgmma_ss_n80<AOFF, BOFF>(d, alo, blo);
+    else if constexpr (N == 160) wgmma_ss_n160<AOFF, BOFF>(d, alo, blo);
+}
+
+/* Four 8 x 8 fp16 matrices from the registers of an m16n8k16 A fragment (r_j: matrix j, this
+ * lane's pair of row lane / 4) to the rows whose addresses lanes 8 j .. 8 j + 7 give. */
+__device__ __forceinline__ void stmatrix4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if K3_WGMMA
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3)
+                 : "memory");
+#else
+    (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
+#endif
+}
+
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
