@@ -51,7 +51,7 @@ extern "C" {
 #include "moe/activation.h"
 }
 
-/* WP_SS (lab): a decode warpgroup writes each stage's fp16 weight tiles into a ring of A slots in
+/* WP_SS (lab): WP_SS decode warpgroups write each stage's fp16 weight tiles into a ring of A slots in
  * shared memory (128-byte swizzle, by stmatrix) and the consumers only issue wgmma with both
  * operands in shared memory; 0: each consumer warp decodes its own tiles into registers. */
 #ifndef WP_SS
@@ -259,14 +259,15 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
 template <int FMT, int TN, int NP, int H>
 __device__ __forceinline__ void wps_dstage(uint32_t g, uint32_t sbase, uint32_t abase, uint32_t full, uint32_t empty,
                                            uint32_t afull, uint32_t aempty, int dw, int lane) {
-    constexpr int ST = wp_stages(TN, NP), TPW = wp_tiles(TN) / 4;
+    constexpr int NDW = 4 * (WP_SS > 0 ? WP_SS : 1), ST = wp_stages(TN, NP), TPW = wp_tiles(TN) / NDW;
+    static_assert(wp_tiles(TN) % NDW == 0, "WP_SS: tiles per decoder warp");
     const uint32_t b = g % ST, a = g % WP_NA;
     const uint32_t st = sbase + b * wp_stage_bytes(TN, NP), as = abase + a * wp_aslot_bytes(TN);
     mbar_wait(full + 8 * b, (g / ST) & 1);
     uint4 w[TPW], sc[TPW];
 #pragma unroll
     for (int u = 0; u < TPW; u++) {
-        const uint32_t wd = st + NP * wg_part_bytes(TN) + (dw + 4 * u) * WG_WBYTES;
+        const uint32_t wd = st + NP * wg_part_bytes(TN) + (dw + NDW * u) * WG_WBYTES;
         w[u] = lds128(wd + lane * 16);
         if (FMT == FMT_NV) {
             sc[u] = lds128(wd + 512 + (lane >> 2) * 16);
@@ -279,7 +280,7 @@ __device__ __forceinline__ void wps_dstage(uint32_t g, uint32_t sbase, uint32_t 
     const uint32_t r7 = lane & 7, row = as + (r7 + ((lane >> 3) & 1) * 8) * 128, kh = lane >> 4;
 #pragma unroll
     for (int u = 0; u < TPW; u++) {
-        const uint32_t rt = row + (dw + 4 * u) * 2048;
+        const uint32_t rt = row + (dw + NDW * u) * 2048;
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
             uint32_t a0, a1, a2, a3;
@@ -444,7 +445,7 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         }
         mbar_init(tempty, 4 * wp_cw(TN, FC2));
         for (int a = 0; a < WP_SS * WP_NA; a++) {
-            mbar_init(afull + 8 * a, 4);
+            mbar_init(afull + 8 * a, 4 * WP_SS);
             mbar_init(aempty + 8 * a, 4 * wp_cw(TN, FC2));
         }
         mbar_init_fence();
@@ -503,7 +504,7 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         cp_async_wait<0>();
         return;
     }
-    if (WP_SS && tid < 2 * 128) { /* the decoder warpgroup */
+    if (WP_SS && tid < (1 + WP_SS) * 128) { /* the decoder warpgroups */
         if constexpr (wp_regs_decoder(TN, FC2) < wp_regs_launch(TN, FC2)) regs_dec<wp_regs_decoder(TN, FC2)>();
         const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
         const int dw = (tid >> 5) - 4;
@@ -525,7 +526,7 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         const int wi = job / nrb, rb = job - wi * nrb;
         const int4 wk = r.work[wi];
 #if WP_SS
-        constexpr int MG = WP_SS_MERGE && NP == 2 && TN <= 128;
+        constexpr int MG = WP_SS_MERGE && NP == 2 && TN * MTW <= 96; /* accumulators: TN * MTW */
         float acc[MTW][TN / 2 * (1 + MG)];
 #pragma unroll
         for (int t = 0; t < MTW; t++)
@@ -579,8 +580,13 @@ typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap);
         X(F, K3_ACT_RELU2, N, P), X(F, K3_ACT_SITU, N, P)
 #define WP1K(F, A, N, P) (kern_t)k_wgp<F, A, N, 0, P>
 #define WP2K(F, N, P) (kern_t)k_wgp<F, K3_ACT_IDENTITY, N, 1, P>
-#define WP_FMTS1(N, P) {{PACTS(WP1K, FMT_NV, N, P)}, {PACTS(WP1K, FMT_MX, N, P)}}
-#define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
+#ifdef WP_LAB_NV_ONLY /* lab builds: NVFP4 kernels in the MXFP4 slots too (MXFP4 results are wrong) */
+#define WP_MXF FMT_NV
+#else
+#define WP_MXF FMT_MX
+#endif
+#define WP_FMTS1(N, P) {{PACTS(WP1K, FMT_NV, N, P)}, {PACTS(WP1K, WP_MXF, N, P)}}
+#define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(WP_MXF, N, P)}
 
 /* Tile widths of this path (tokens per item), in the order of the kernel tables' width index. */
 const int moe_wp_widths[MOE_WP_NW] = {48, 80, WP_WIDE};

@@ -213,6 +213,20 @@ __device__ __forceinline__ void wgmma_ss_n96(float *d, uint32_t alo, uint32_t bl
 }
 
 template <int AOFF, int BOFF>
+__device__ __forceinline__ void wgmma_ss_n128(float *d, uint32_t alo, uint32_t blo) {
+#if K3_WGMMA
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 al, bl, hi;\nsetp.ne.b32 p, %68, 0;\nadd.u32 al, %64, %66;\n"
+                 "add.u32 bl, %65, %67;\nmov.b32 hi, %69;\nmov.b64 da, {al, hi};\nmov.b64 db, {bl, hi};\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, da, db, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(alo), "r"(blo), "n"(AOFF >> 4), "n"(BOFF >> 4), "r"(1), "n"(WG_DESC_SW128_HI));
+#else
+    (void)d, (void)alo, (void)blo;
+    __trap();
+#endif
+}
+
+template <int AOFF, int BOFF>
 __device__ __forceinline__ void wgmma_ss_n160(float *d, uint32_t alo, uint32_t blo) {
 #if K3_WGMMA
     asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\n.reg .b32 al, bl, hi;\nsetp.ne.b32 p, %84, 0;\nadd.u32 al, %80, %82;\n"
@@ -228,9 +242,10 @@ __device__ __forceinline__ void wgmma_ss_n160(float *d, uint32_t alo, uint32_t b
 
 template <int N, int AOFF, int BOFF>
 __device__ __forceinline__ void wgmma_ss(float *d, uint32_t alo, uint32_t blo) {
-    static_assert(N == 48 || N == 80 || N == 96 || N == 160, "tile widths 48, 80, 96, 160");
+    static_assert(N == 48 || N == 80 || N == 96 || N == 128 || N == 160, "tile widths 48, 80, 96, 128, 160");
     if constexpr (N == 48) wgmma_ss_n48<AOFF, BOFF>(d, alo, blo);
     else if constexpr (N == 96) wgmma_ss_n96<AOFF, BOFF>(d, alo, blo);
+    else if constexpr (N == 128) wgmma_ss_n128<AOFF, BOFF>(d, alo, blo);
     else if constexpr (N == 80) wgmma_ss_n80<AOFF, BOFF>(d, alo, blo);
     else if constexpr (N == 160) wgmma_ss_n160<AOFF, BOFF>(d, alo, blo);
 }
