@@ -334,7 +334,11 @@ __device__ __forceinline__ float act_gated(float g, float u, float a, float b, f
         return gg * sigmoidf_(a * gg) * (uu + b);
     }
     /* SiTU: [a tanh(g/a) sigmoid(g)] * [b tanh(u/b)], with approximate divides (2 ulp) and exp */
-    return a * tanh_fast(__fdividef(g, a)) * __fdividef(1.f, 1.f + __expf(-g)) * (b * tanh_fast(__fdividef(u, b)));
+    if (ACT == K3_ACT_SITU)
+        return a * tanh_fast(__fdividef(g, a)) * __fdividef(1.f, 1.f + __expf(-g)) * (b * tanh_fast(__fdividef(u, b)));
+    /* A non-gated activation never gets here (m.gated is false for it), but its kernels compile
+     * this branch too: NaN makes a misuse visible and keeps SiTU's arithmetic out of them. */
+    return NAN;
 }
 
 template <int ACT>
