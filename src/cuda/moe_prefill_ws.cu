@@ -51,29 +51,13 @@ extern "C" {
 #include "moe/activation.h"
 }
 
-/* WP_SS (lab): WP_SS decode warpgroups write each stage's fp16 weight tiles into a ring of A slots in
- * shared memory (128-byte swizzle, by stmatrix) and the consumers only issue wgmma with both
- * operands in shared memory; 0: each consumer warp decodes its own tiles into registers. */
-#ifndef WP_SS
-#define WP_SS 0
-#endif
-#ifndef WP_NA /* A slots (WP_SS) */
-#define WP_NA 2
-#endif
-#ifndef WP_SS_MERGE /* WP_SS, two terms: one wgmma of N = 2 TN over both parts (A read once) */
-#define WP_SS_MERGE 0
-#endif
-#ifndef WP_REGS_DECODER
-#define WP_REGS_DECODER 96
-#endif
-
 /* Consumer warpgroups per CTA (8 tiles of 16 rows each: 2 M tiles x 4 warps): 2, or WP_CW48 for
  * the 48-token tiles, whose accumulators leave room for a third (lab builds may set it). */
 #ifndef WP_CW48
 #define WP_CW48 3
 #endif
 #ifndef WP_MTW80_FC1 /* M tiles per consumer warp in the 80-token FC1 kernels (lab builds may set it) */
-#define WP_MTW80_FC1 (WP_SS ? 2 : 1)
+#define WP_MTW80_FC1 1
 #endif
 /* The widest tiles (T >= ~6144 on the K3 layer: well over 80 tokens per expert), their consumer
  * warpgroups and M tiles per consumer warp (lab builds may set all three). */
@@ -81,7 +65,7 @@ extern "C" {
 #define WP_WIDE 160
 #endif
 #ifndef WP_CW_WIDE
-#define WP_CW_WIDE (WP_SS ? 2 : 3)
+#define WP_CW_WIDE 3
 #endif
 #ifndef WP_MTW_WIDE
 #define WP_MTW_WIDE 1
@@ -95,7 +79,7 @@ __host__ __device__ constexpr int wp_mtw(int tn, int fc2) {
     return tn == WP_WIDE ? WP_MTW_WIDE : tn == 80 && !fc2 ? WP_MTW80_FC1 : 2;
 }
 __host__ __device__ constexpr int wp_cw(int tn, int fc2) { return wp_tiles(tn) / (4 * wp_mtw(tn, fc2)); }
-__host__ __device__ constexpr int wp_threads(int tn, int fc2) { return 128 * (wp_cw(tn, fc2) + 1 + WP_SS); }
+__host__ __device__ constexpr int wp_threads(int tn, int fc2) { return 128 * (wp_cw(tn, fc2) + 1); }
 #define WP_PRODUCERS 128 /* one warpgroup */
 #define WP_SMEM_BUDGET (224 * 1024)
 #define WP_REGS_PRODUCER 56
@@ -104,19 +88,13 @@ __host__ __device__ constexpr int wp_threads(int tn, int fc2) { return 128 * (wp
  * producer gives up, 224 with two consumer warpgroups, 152 with three, 104 with four (a larger
  * value than the pool holds makes setmaxnreg.inc wait forever). */
 __host__ __device__ constexpr int wp_regs_launch(int tn, int fc2) { return 65536 / wp_threads(tn, fc2) / 8 * 8; }
-__host__ __device__ constexpr int wp_regs_decoder(int tn, int fc2) {
-    return WP_REGS_DECODER < wp_regs_launch(tn, fc2) ? WP_REGS_DECODER : wp_regs_launch(tn, fc2);
-}
 __host__ __device__ constexpr int wp_regs_consumer(int tn, int fc2) {
-    return (wp_regs_launch(tn, fc2) * wp_threads(tn, fc2) - WP_REGS_PRODUCER * WP_PRODUCERS -
-            WP_SS * 128 * wp_regs_decoder(tn, fc2)) /
-           (128 * wp_cw(tn, fc2)) / 8 * 8;
+    return (wp_regs_launch(tn, fc2) + (wp_regs_launch(tn, fc2) - WP_REGS_PRODUCER) * WP_PRODUCERS / (128 * wp_cw(tn, fc2))) /
+           8 * 8;
 }
 __host__ __device__ constexpr bool wp_pool_ok(int tn, int fc2) {
-    return wp_regs_consumer(tn, fc2) <= 256 &&
-           wp_regs_consumer(tn, fc2) * 128 * wp_cw(tn, fc2) + WP_REGS_PRODUCER * WP_PRODUCERS +
-                   WP_SS * 128 * wp_regs_decoder(tn, fc2) <=
-               wp_regs_launch(tn, fc2) * wp_threads(tn, fc2);
+    return wp_regs_consumer(tn, fc2) * 128 * wp_cw(tn, fc2) + WP_REGS_PRODUCER * WP_PRODUCERS <=
+           wp_regs_launch(tn, fc2) * wp_threads(tn, fc2);
 }
 static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_pool_ok(80, 1) && wp_pool_ok(WP_WIDE, 0) &&
                   wp_pool_ok(WP_WIDE, 1),
@@ -130,16 +108,10 @@ __host__ __device__ constexpr int wp_stage_bytes(int tn, int np) {
 }
 static_assert(wp_stage_bytes(48, 1) % 1024 == 0 && wp_stage_bytes(80, 1) % 1024 == 0 && wp_stage_bytes(WP_WIDE, 1) % 1024 == 0,
               "k_wgp: stages on 1024-byte boundaries");
-/* WP_SS: an A slot holds a stage's decoded tiles, 16 rows x 64 k fp16 each (2 KB). */
-__host__ __device__ constexpr int wp_aslot_bytes(int tn) { return WP_SS * wp_tiles(tn) * 2048; }
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
-    return (WP_SMEM_BUDGET - WP_NA * wp_aslot_bytes(tn)) / wp_stage_bytes(tn, np) < 8
-               ? (WP_SMEM_BUDGET - WP_NA * wp_aslot_bytes(tn)) / wp_stage_bytes(tn, np)
-               : 8;
+    return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < 8 ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : 8;
 }
-__host__ __device__ constexpr int wp_smem_bytes(int tn, int np) {
-    return wp_stages(tn, np) * wp_stage_bytes(tn, np) + WP_NA * wp_aslot_bytes(tn);
-}
+__host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stages(tn, np) * wp_stage_bytes(tn, np); }
 
 /* The producer's copies of stage s of a job. Token rows: FC1 gathers them by cp.async (two
  * threads per row, alternate 16-byte pieces: one 32-byte sector per pair; rows past the item's
@@ -251,91 +223,6 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
     wp_step<FMT, TN, NP, MTW, H, 3>(acc, a, w, sc, d0, release);
 }
 
-/* WP_SS. The decoder's stage g (half H): once the producer has filled packed stage g and the
- * consumers have handed back A slot g % NA, decoder warp dw writes the fp16 A fragments of tiles
- * dw, dw + 4, ... into the slot, tile ti as rows of 64 k (128 B) in the 128-byte swizzle at
- * ti x 2 KB; stmatrix lane l gives row (l & 7) + 8 ((l >> 3) & 1) of 16-byte piece 2 ks + l / 16
- * (the m16n8k16 A fragment's four 8 x 8 matrices). */
-template <int FMT, int TN, int NP, int H>
-__device__ __forceinline__ void wps_dstage(uint32_t g, uint32_t sbase, uint32_t abase, uint32_t full, uint32_t empty,
-                                           uint32_t afull, uint32_t aempty, int dw, int lane) {
-    constexpr int NDW = 4 * (WP_SS > 0 ? WP_SS : 1), ST = wp_stages(TN, NP), TPW = wp_tiles(TN) / NDW;
-    static_assert(wp_tiles(TN) % NDW == 0, "WP_SS: tiles per decoder warp");
-    const uint32_t b = g % ST, a = g % WP_NA;
-    const uint32_t st = sbase + b * wp_stage_bytes(TN, NP), as = abase + a * wp_aslot_bytes(TN);
-    mbar_wait(full + 8 * b, (g / ST) & 1);
-    uint4 w[TPW], sc[TPW];
-#pragma unroll
-    for (int u = 0; u < TPW; u++) {
-        const uint32_t wd = st + NP * wg_part_bytes(TN) + (dw + NDW * u) * WG_WBYTES;
-        w[u] = lds128(wd + lane * 16);
-        if (FMT == FMT_NV) {
-            sc[u] = lds128(wd + 512 + (lane >> 2) * 16);
-        } else {
-            const uint2 v = lds64(wd + 512 + (lane >> 2) * 8);
-            sc[u] = make_uint4(v.x, v.y, 0, 0);
-        }
-    }
-    if (g >= WP_NA) mbar_wait(aempty + 8 * a, ((g / WP_NA) - 1) & 1);
-    const uint32_t r7 = lane & 7, row = as + (r7 + ((lane >> 3) & 1) * 8) * 128, kh = lane >> 4;
-#pragma unroll
-    for (int u = 0; u < TPW; u++) {
-        const uint32_t rt = row + (dw + NDW * u) * 2048;
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            uint32_t a0, a1, a2, a3;
-            decode_step<FMT>(w[u], w[u], sc[u], 4 * H + ks, a0, a1, a2, a3);
-            stmatrix4(rt + (((2 * ks + kh) ^ r7) << 4), a0, a1, a2, a3);
-        }
-    }
-    fence_async_smem(); /* the generic-proxy stores, to the tensor cores' reads */
-    __syncwarp();
-    if (lane == 0) {
-        mbar_arrive(afull + 8 * a);
-        mbar_arrive(empty + 8 * b);
-    }
-}
-
-/* WP_SS: the consumer's M tile T of a stage, both operands in shared memory: A from the slot's
- * rows of this warpgroup (alo), B the token parts (blo). MG: the two parts as one operand of
- * 2 TN rows (they are adjacent atoms), accumulators [hi columns | lo columns]. */
-template <int TN, int NP, int T, int MG>
-__device__ __forceinline__ void wps_mtile(float *acc, uint32_t alo, uint32_t blo) {
-    if constexpr (MG) {
-        wgmma_ss<2 * TN, T * 8192 + 0, 0>(acc, alo, blo);
-        wgmma_ss<2 * TN, T * 8192 + 32, 32>(acc, alo, blo);
-        wgmma_ss<2 * TN, T * 8192 + 64, 64>(acc, alo, blo);
-        wgmma_ss<2 * TN, T * 8192 + 96, 96>(acc, alo, blo);
-        return;
-    }
-    wgmma_ss<TN, T * 8192 + 0, 0>(acc, alo, blo);
-    if (NP == 2) wgmma_ss<TN, T * 8192 + 0, wg_part_bytes(TN)>(acc, alo, blo);
-    wgmma_ss<TN, T * 8192 + 32, 32>(acc, alo, blo);
-    if (NP == 2) wgmma_ss<TN, T * 8192 + 32, 32 + wg_part_bytes(TN)>(acc, alo, blo);
-    wgmma_ss<TN, T * 8192 + 64, 64>(acc, alo, blo);
-    if (NP == 2) wgmma_ss<TN, T * 8192 + 64, 64 + wg_part_bytes(TN)>(acc, alo, blo);
-    wgmma_ss<TN, T * 8192 + 96, 96>(acc, alo, blo);
-    if (NP == 2) wgmma_ss<TN, T * 8192 + 96, 96 + wg_part_bytes(TN)>(acc, alo, blo);
-}
-
-/* WP_SS: the consumer's stage g: its MTW M tiles' wgmma, committed as one group. */
-template <int TN, int NP, int MTW, int MG>
-__device__ __forceinline__ void wps_cstage(uint32_t g, uint32_t sbase, uint32_t abase, uint32_t full, uint32_t afull, int wgi,
-                                           float acc[MTW][TN / 2 * (1 + MG)]) {
-    constexpr int ST = wp_stages(TN, NP);
-    const uint32_t b = g % ST, a = g % WP_NA;
-    mbar_wait(afull + 8 * a, (g / WP_NA) & 1);
-    mbar_wait(full + 8 * b, (g / ST) & 1);
-    fence_async_smem();
-    const uint32_t blo = wg_desc_sw128_lo(sbase + b * wp_stage_bytes(TN, NP));
-    const uint32_t alo = wg_desc_sw128_lo(abase + a * wp_aslot_bytes(TN) + wgi * MTW * 8192);
-    wg_fence();
-    wps_mtile<TN, NP, 0, MG>(acc[0], alo, blo);
-    if constexpr (MTW > 1) wps_mtile<TN, NP, 1, MG>(acc[1], alo, blo);
-    static_assert(MTW <= 2, "WP_SS: at most two M tiles per consumer warpgroup");
-    wg_commit();
-}
-
 /* A job's epilogue operands, copied into shared memory by the producer with the job's last
  * stage (its cp.async arrive covers them, so the consumers' wait on that stage makes them
  * visible): per token column FC1 the token's x row scale, FC2 the position's h row scale and its
@@ -380,9 +267,9 @@ __device__ __forceinline__ void wp_tab_cst(const MoeDev &m, uint32_t tb, int e, 
  * column the activation and store of every tile's rows, then one |h| max over all of them (one
  * shuffle tree and one atomic per column instead of one per tile: FC1 stage of the 48-token
  * kernels 2-10% faster, v25). FC2: the unweighted rows of the column's slot. */
-template <int ACT, int TN, int MTW, int FC2, int AS>
+template <int ACT, int TN, int MTW, int FC2>
 __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, const WpTab<TN> &tb, int p0, int n, int mt0,
-                                            int mtiles, int g, int q, const float acc[MTW][AS]) {
+                                            int mtiles, int g, int q, const float acc[MTW][TN / 2]) {
     constexpr int NC = TN / 4;
     const float c0 = tb.cst[0], c1 = tb.cst[1];
     const float al = !FC2 && m.alpha ? tb.cst[2] : 1.f, be = !FC2 && m.beta ? tb.cst[3] : 0.f;
@@ -433,21 +320,16 @@ template <int FMT, int ACT, int TN, int FC2, int NP>
 __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r, const __grid_constant__ CUtensorMap tmap) {
     constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN), MTW = wp_mtw(TN, FC2);
     extern __shared__ __align__(1024) uint8_t wsm[];
-    __shared__ __align__(8) uint64_t bars[17 + 2 * WP_SS * WP_NA];
+    __shared__ __align__(8) uint64_t bars[17];
     __shared__ __align__(16) WpTab<TN> tab;
     const int tid = threadIdx.x, lane = tid & 31;
     const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * 8, tempty = full + 8 * 16;
-    const uint32_t abase = sbase + ST * wp_stage_bytes(TN, NP), afull = full + 8 * 17, aempty = afull + 8 * WP_NA;
     if (tid == 0) {
         for (int b = 0; b < ST; b++) {
             mbar_init(full + 8 * b, WP_PRODUCERS);
-            mbar_init(empty + 8 * b, 4 * wp_cw(TN, FC2) + 4 * WP_SS);
+            mbar_init(empty + 8 * b, 4 * wp_cw(TN, FC2));
         }
         mbar_init(tempty, 4 * wp_cw(TN, FC2));
-        for (int a = 0; a < WP_SS * WP_NA; a++) {
-            mbar_init(afull + 8 * a, 4 * WP_SS);
-            mbar_init(aempty + 8 * a, 4 * wp_cw(TN, FC2));
-        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -504,54 +386,13 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         cp_async_wait<0>();
         return;
     }
-    if (WP_SS && tid < (1 + WP_SS) * 128) { /* the decoder warpgroups */
-        if constexpr (wp_regs_decoder(TN, FC2) < wp_regs_launch(TN, FC2)) regs_dec<wp_regs_decoder(TN, FC2)>();
-        const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
-        const int dw = (tid >> 5) - 4;
-        for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
-#pragma unroll 1
-            for (int s = 0; s < nst; s += 2) {
-                wps_dstage<FMT, TN, NP, 0>(sg + s, sbase, abase, full, empty, afull, aempty, dw, lane);
-                wps_dstage<FMT, TN, NP, 1>(sg + s + 1, sbase, abase, full, empty, afull, aempty, dw, lane);
-            }
-            sg += nst;
-        }
-        return;
-    }
     regs_inc<wp_regs_consumer(TN, FC2)>();
     const int nrb = (mtiles + TILES - 1) / TILES, jobs = r.ctl[1] * nrb;
-    const int cw = (tid >> 5) - 4 * (1 + WP_SS), wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
+    const int cw = (tid >> 5) - 4, wgi = cw >> 2, wq = cw & 3, g = lane >> 2, q = lane & 3;
     const int ti0 = wgi * (4 * MTW) + wq; /* this warp's tiles: ti0 + 4 t, one per M tile t of its warpgroup */
     for (int job = blockIdx.x; job < jobs; job += gridDim.x) {
         const int wi = job / nrb, rb = job - wi * nrb;
         const int4 wk = r.work[wi];
-#if WP_SS
-        constexpr int MG = WP_SS_MERGE && NP == 2 && TN * MTW <= 96; /* accumulators: TN * MTW */
-        float acc[MTW][TN / 2 * (1 + MG)];
-#pragma unroll
-        for (int t = 0; t < MTW; t++)
-#pragma unroll
-            for (int i = 0; i < TN / 2 * (1 + MG); i++) acc[t][i] = 0.f;
-#pragma unroll 1
-        for (int s = 0; s < nst; s++) {
-            wps_cstage<TN, NP, MTW, MG>(sg + s, sbase, abase, full, afull, wgi, acc);
-            wg_wait<1>(); /* stage s - 1 has left the tensor cores: its slots go back */
-            if (s > 0 && lane == 0) {
-                mbar_arrive(empty + 8 * ((sg + s - 1) % ST));
-                mbar_arrive(aempty + 8 * ((sg + s - 1) % WP_NA));
-            }
-        }
-        wg_wait<0>();
-        if (lane == 0) {
-            mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
-            mbar_arrive(aempty + 8 * ((sg + nst - 1) % WP_NA));
-        }
-        if constexpr (MG) /* hi + lo: column group j of the lo half is j + TN / 8, TN / 2 registers on */
-#pragma unroll
-            for (int t = 0; t < MTW; t++)
-#pragma unroll
-                for (int i = 0; i < TN / 2; i++) acc[t][i] += acc[t][i + TN / 2];
-#else
         float acc[MTW][TN / 2];
 #pragma unroll
         for (int t = 0; t < MTW; t++)
@@ -565,9 +406,8 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         }
         wg_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
-#endif
         sg += nst;
-        wp_epilogue<ACT, TN, MTW, FC2, sizeof(acc[0]) / sizeof(float)>(m, r, tab, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc);
+        wp_epilogue<ACT, TN, MTW, FC2>(m, r, tab, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(tempty);
     }
@@ -580,13 +420,8 @@ typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap);
         X(F, K3_ACT_RELU2, N, P), X(F, K3_ACT_SITU, N, P)
 #define WP1K(F, A, N, P) (kern_t)k_wgp<F, A, N, 0, P>
 #define WP2K(F, N, P) (kern_t)k_wgp<F, K3_ACT_IDENTITY, N, 1, P>
-#ifdef WP_LAB_NV_ONLY /* lab builds: NVFP4 kernels in the MXFP4 slots too (MXFP4 results are wrong) */
-#define WP_MXF FMT_NV
-#else
-#define WP_MXF FMT_MX
-#endif
-#define WP_FMTS1(N, P) {{PACTS(WP1K, FMT_NV, N, P)}, {PACTS(WP1K, WP_MXF, N, P)}}
-#define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(WP_MXF, N, P)}
+#define WP_FMTS1(N, P) {{PACTS(WP1K, FMT_NV, N, P)}, {PACTS(WP1K, FMT_MX, N, P)}}
+#define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
 
 /* Tile widths of this path (tokens per item), in the order of the kernel tables' width index. */
 const int moe_wp_widths[MOE_WP_NW] = {48, 80, WP_WIDE};
