@@ -91,7 +91,8 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
     b->m.force_wg = o->wgmma;
     if (o->wgp != 0 && !moe_wp_width_ok(o->wgp)) {
         free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgp %d (expected 0, 48, 80 or 160)", o->wgp);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgp %d (expected 0, %d, %d or %d)", o->wgp, moe_wp_widths[0],
+                       moe_wp_widths[1], moe_wp_widths[2]);
     }
     b->m.force_wp = o->wgp;
     if (o->cta_warps != 0 && o->cta_warps != 1 && o->cta_warps != 2 && o->cta_warps != 4 && o->cta_warps != 8) {

@@ -474,7 +474,8 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
                   k3_error *err) {
     const int wi = wp_width_index(tn);
     if (wi < 0)
-        return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (48, 80 or %d)", tn, WP_WIDE);
+        return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (%d, %d or %d)", tn, moe_wp_widths[0],
+                       moe_wp_widths[1], moe_wp_widths[2]);
     /* the kernel walks d.m1 FC1 tiles: the upload sized them from the one gated table */
     if (!fc2 && (int64_t)d.m1 * 16 != k3_act_fc1_rows(m->act, d.I))
         return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: %d FC1 tiles uploaded, the activation table gives %lld rows", d.m1,

@@ -648,7 +648,8 @@ static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
     if (m->force_wp) return m->force_wp;
     if (m->force_wg) return 0;
     if (tokens_per_expert(m, T, k) < WP_MIN_TOKENS_PER_EXPERT) return 0;
-    /* [terms - 1][width of moe_wp_widths] */
+    /* [terms - 1][width of moe_wp_widths]; a width without a measured cost would cost 0 */
+    static_assert(MOE_WP_NW == 3, "pick_wp: one measured item cost per k_wgp width");
     static const double item_cost[2][MOE_WP_NW] = {{1.0, 1.36, 2.28}, {1.0, 1.46, 2.6}};
     double items[MOE_WP_NW];
     wp_items(m, T, k, items);

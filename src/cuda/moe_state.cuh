@@ -56,7 +56,8 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
 
 /* The warp-specialized sm_90a GEMMs (moe_prefill_ws.cu): the same FC1 / FC2 contract over work
  * items of at most tn tokens split evenly (MoeRun.split), one persistent CTA per SM.
- * moe_wp_widths: its tile widths (48, 80, 160), what the automatic choice (pick_wp) picks from;
+ * moe_wp_widths: its tile widths (the messages that list them and pick_wp's measured costs assume
+ * MOE_WP_NW = 3), what the automatic choice (pick_wp) picks from;
  * moe_wp_width_ok: whether tn is one of them. */
 #define MOE_WP_NW 3
 extern const int moe_wp_widths[MOE_WP_NW];
