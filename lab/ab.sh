@@ -2,7 +2,7 @@
 # Lab, on the device: a same-call A/B of lab/bin/bench_NAME binaries (lab/variant.sh builds them;
 # bench_main is a stripped copy of build/tests/tools/cuda_moe_bench made before the change).
 # Usage: TESTS="new qpf" lab/ab.sh NAME... (carry ["lab/bin", ".libs"])
-#   TESTS: lab/bin/test_NAME binaries to run first (the GPU tests), the first one also under
+#   TESTS: lab/bin/test_NAME binaries to run first (the GPU tests, TEST_TIMEOUT s each, default 300), the first one also under
 #   compute-sanitizer memcheck (the expert-parallel test: grouped and fused).
 #   FUSED_T / GROUPED_T: the token counts of the fused and grouped runs (grouped only NVFP4 and
 #   MXFP4 of the first and last NAME, or of GROUPED_NAMES; GROUPED_MODES: modes, default w4a16).
@@ -17,7 +17,7 @@ exec > >(tee "$out/log.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 first=1
 for t in ${TESTS:-}; do
-  timeout 120 $b/test_$t > "$out/test_$t.log" 2>&1
+  timeout ${TEST_TIMEOUT:-300} $b/test_$t > "$out/test_$t.log" 2>&1
   echo "test_$t rc=$? ($((SECONDS - t0)) s)"; grep -E "PASSED|FAILED" "$out/test_$t.log" | head -5
   if [ $first = 1 ]; then
     K3_CUDA_TEST_FILTER=test_ep_rank_subsets timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \

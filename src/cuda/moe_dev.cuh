@@ -383,14 +383,61 @@ __device__ __forceinline__ int pair_word(int k, int part, int K, bool plain) {
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
+/* 16-byte loads a thread keeps in flight in the row passes: ROW_U in row_amax, QUANT_U in
+ * quant_row's conversion, whose unrolled body is ~60 instructions per element pair (ROW_U there
+ * would put ~1000 cold instructions in front of each conversion). Why: the plain element loops
+ * compiled to one dependent load per iteration, so a K3 x row (3584 floats, 128 threads) took 28
+ * L2 round trips for its max and 14 more for its conversion, most of the fused kernel's ~10 us
+ * dispatch stage at T = 1; each h row conversion on the fused FC1 -> FC2 hand-off took 12. K is a
+ * multiple of 128 and rows start 16-byte aligned (moe_layout checks H and I), so a float4 never
+ * straddles the end of a row. */
+#define ROW_U 8
+#define QUANT_U 2
+
+/* The float4 at element k of a row, zeros past K. A plain load, not ld.global.nc: the fused kernel
+ * reads h rows that other CTAs wrote in the same launch. */
+__device__ __forceinline__ float4 row_ld4(const float *src, int K, int k) {
+    return k < K ? *(const float4 *)(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+
+/* This thread's share of max |src[k]| over a row (NaN if any element is NaN). */
+__device__ __forceinline__ float row_amax(const float *src, int K, int tid, int nth) {
+    float am = 0.f;
+    for (int k0 = 4 * tid; k0 < K; k0 += 4 * nth * ROW_U) {
+        float4 v[ROW_U];
+#pragma unroll
+        for (int u = 0; u < ROW_U; u++) v[u] = row_ld4(src, K, k0 + u * 4 * nth);
+#pragma unroll
+        for (int u = 0; u < ROW_U; u++)
+            am = nanmax(nanmax(nanmax(nanmax(am, fabsf(v[u].x)), fabsf(v[u].y)), fabsf(v[u].z)), fabsf(v[u].w));
+    }
+    return am;
+}
+
+/* The w4a16 terms of the pair (v0, v1) at elements (k, k + 1), scaled by 2^-p. */
+__device__ __forceinline__ void quant_pair(float v0, float v1, int k, int p, int K, bool b16, bool plain, bool lo,
+                                           uint32_t *__restrict__ dst) {
+    if (b16) v0 = bf16_round(v0), v1 = bf16_round(v1);
+    const float s0 = ldexpf(v0, -p), s1 = ldexpf(v1, -p);
+    const __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
+    dst[pair_word(k, 0, K, plain)] = h2_bits(__halves2half2(h0, h1));
+    if (lo) {
+        const __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
+        dst[pair_word(k, 1, K, plain)] = h2_bits(__halves2half2(l0, l1));
+    }
+}
+
 /* One row of K floats into hi/lo fp16 terms (w4a16; w4a16-bf16 rounds to bf16 first) with the
  * power-of-two row scale, or into NVFP4-quantized values (w4a4, global scale g, TensorRT-LLM's
  * rule s = E4M3(g amax/6), code = E2M1(x g / s)) stored as code * s * 2^-14 (exact in fp16)
  * with row scale 2^14 / g. Writes the lo terms only when lo (a kernel with NP = 2 reads them).
- * Threads tid..K step nth handle pairs (w4a16) or 16-blocks (w4a4). */
-__device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, float amax, int mode,
-                                         float g, uint32_t *__restrict__ dst, float *rowscale,
-                                         int tid, int nth, bool plain, bool lo) {
+ * Threads tid..K step nth handle groups of 4 elements (w4a16: QUANT_U groups' loads issued
+ * before their conversions) or 16-blocks (w4a4, not a decode-latency path). */
+__device__ __forceinline__ void quant_row(const float *src, int K, float amax, int mode, float g,
+                                         uint32_t *__restrict__ dst, float *rowscale, int tid, int nth,
+                                         bool plain, bool lo) {
     if (mode != K3_MODE_W4A4) {
         const bool b16 = mode == K3_MODE_W4A16_BF16;
         if (b16) amax = bf16_round(amax); /* the max of the rounded row */
@@ -401,15 +448,17 @@ __device__ __forceinline__ void quant_row(const float *__restrict__ src, int K, 
             p = ex - 15;
         }
         if (tid == 0) *rowscale = ldexpf(1.f, p);
-        for (int k = 2 * tid; k < K; k += 2 * nth) {
-            float2 v = *(const float2 *)(src + k);
-            if (b16) v = make_float2(bf16_round(v.x), bf16_round(v.y));
-            float s0 = ldexpf(v.x, -p), s1 = ldexpf(v.y, -p);
-            __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
-            dst[pair_word(k, 0, K, plain)] = h2_bits(__halves2half2(h0, h1));
-            if (lo) {
-                __half l0 = __float2half_rn(s0 - __half2float(h0)), l1 = __float2half_rn(s1 - __half2float(h1));
-                dst[pair_word(k, 1, K, plain)] = h2_bits(__halves2half2(l0, l1));
+        for (int k0 = 4 * tid; k0 < K; k0 += 4 * nth * QUANT_U) {
+            float4 v[QUANT_U];
+#pragma unroll
+            for (int u = 0; u < QUANT_U; u++) v[u] = row_ld4(src, K, k0 + u * 4 * nth);
+#pragma unroll
+            for (int u = 0; u < QUANT_U; u++) {
+                const int k = k0 + u * 4 * nth;
+                if (k < K) {
+                    quant_pair(v[u].x, v[u].y, k, p, K, b16, plain, lo, dst);
+                    quant_pair(v[u].z, v[u].w, k + 2, p, K, b16, plain, lo, dst);
+                }
             }
         }
     } else {

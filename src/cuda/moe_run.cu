@@ -36,8 +36,6 @@ extern "C" {
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
-__device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
-
 /* Block-wide max with NaN propagation; red: 32 floats of shared memory. */
 __device__ float block_amax(float v, float *red) {
     for (int o = 16; o; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -53,9 +51,7 @@ __device__ float block_amax(float v, float *red) {
 
 __device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) {
     const float *x = r.x + (size_t)t * m.H;
-    float am = 0.f;
-    for (int k = threadIdx.x; k < m.H; k += blockDim.x) am = nanmax(am, fabsf(x[k]));
-    am = block_amax(am, red);
+    const float am = block_amax(row_amax(x, m.H, threadIdx.x, blockDim.x), red);
     quant_row(x, m.H, am, r.mode, m.g1, (uint32_t *)(r.xq + (size_t)t * m.nk1 * 32), r.xs + t, threadIdx.x,
               blockDim.x, r.plain, r.np == 2);
 }
