@@ -757,32 +757,12 @@ __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int 
 }
 
 /* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */
-/* The slots' ids are loaded 16 at a time into a mask of the local ones, then their weights and
- * partial sums FIN_U at a time, all before the sum: a loop of one slot per step compiled to an id
- * -> partial round trip per 4 slots (8 at k = 16) on the fused kernel's last hand-off. */
-#define FIN_U 8
 __device__ __forceinline__ void finalize_elem(const MoeDev &m, const MoeRun &r, int t, int c) {
-    const int *ids = r.ids + (size_t)t * r.k;
     float acc = 0.f;
-    for (int j0 = 0; j0 < r.k; j0 += 16) {
-        unsigned local = 0;
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            if (j0 + u < r.k && (unsigned)(ids[j0 + u] - m.first_local) < (unsigned)m.n_local) local |= 1u << u;
-#pragma unroll
-        for (int u0 = 0; u0 < 16; u0 += FIN_U) {
-            float w[FIN_U], v[FIN_U];
-#pragma unroll
-            for (int u = 0; u < FIN_U; u++) {
-                const size_t s = (size_t)t * r.k + j0 + u0 + u;
-                const bool ok = local >> (u0 + u) & 1;
-                w[u] = ok ? r.rw[s] : 0.f;
-                v[u] = ok ? r.part[s * m.H + c] : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < FIN_U; u++)
-                if (local >> (u0 + u) & 1) acc += w[u] * v[u];
-        }
+    for (int j = 0; j < r.k; j++) {
+        int s = t * r.k + j;
+        unsigned e = (unsigned)(r.ids[s] - m.first_local);
+        if (e < (unsigned)m.n_local) acc += r.rw[s] * r.part[(size_t)s * m.H + c];
     }
     r.y[(size_t)t * m.H + c] = acc;
 }
