@@ -384,13 +384,14 @@ __device__ __forceinline__ int pair_word(int k, int part, int K, bool plain) {
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 /* 16-byte loads a thread keeps in flight in the row passes: ROW_U in row_amax, QUANT_U in
- * quant_row's conversion, whose unrolled body is ~60 instructions per element pair (ROW_U there
+ * quant_row's conversion (its unrolled body is ~60 instructions per element pair, so ROW_U there
  * would put ~1000 cold instructions in front of each conversion). Why: the plain element loops
  * compiled to one dependent load per iteration, so a K3 x row (3584 floats, 128 threads) took 28
- * L2 round trips for its max and 14 more for its conversion, most of the fused kernel's ~10 us
- * dispatch stage at T = 1; each h row conversion on the fused FC1 -> FC2 hand-off took 12. K is a
- * multiple of 128 and rows start 16-byte aligned (moe_layout checks H and I), so a float4 never
- * straddles the end of a row. */
+ * L2 round trips for its max and 14 for its conversion: the fused kernel's dispatch stage at
+ * T = 1 (H100, same call: 10.3 -> 5.4 us, T = 1 125 -> 120.5 us). Its cost: k_hconv at 64
+ * registers with split store sectors, hconv at T = 2048 286 -> 348 us (lab/pending/
+ * quant_pairs.patch: element pairs again, built, not yet measured). K is a multiple of 128 and
+ * rows start 16-byte aligned (moe_layout checks H and I), so a float4 never straddles a row end. */
 #define ROW_U 8
 #define QUANT_U 2
 
