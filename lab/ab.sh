@@ -2,8 +2,9 @@
 # Lab, on the device: a same-call A/B of lab/bin/bench_NAME binaries (lab/variant.sh builds them;
 # bench_main is a stripped copy of build/tests/tools/cuda_moe_bench made before the change).
 # Usage: TESTS="new qpf" lab/ab.sh NAME... (carry ["lab/bin", ".libs"])
-#   TESTS: lab/bin/test_NAME binaries to run first (the GPU tests, TEST_TIMEOUT s each, default 300), the first one also under
-#   compute-sanitizer memcheck (the expert-parallel test: grouped and fused).
+#   TESTS: lab/bin/test_NAME binaries to run first (the GPU tests, TEST_TIMEOUT s each, default
+#   300), the first one also under compute-sanitizer memcheck (the expert-parallel test: grouped
+#   and fused).
 #   FUSED_T / GROUPED_T: the token counts of the fused and grouped runs (grouped only NVFP4 and
 #   MXFP4 of the first and last NAME, or of GROUPED_NAMES; GROUPED_MODES: modes, default w4a16).
 #   Two rounds, the second in reverse order.
