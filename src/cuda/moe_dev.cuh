@@ -383,17 +383,20 @@ __device__ __forceinline__ int pair_word(int k, int part, int K, bool plain) {
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-/* 16-byte loads a thread keeps in flight in the row passes: ROW_U in row_amax, QUANT_U in
- * quant_row's conversion (its unrolled body is ~60 instructions per element pair, so ROW_U there
- * would put ~1000 cold instructions in front of each conversion). Why: the plain element loops
- * compiled to one dependent load per iteration, so a K3 x row (3584 floats, 128 threads) took 28
- * L2 round trips for its max and 14 for its conversion: the fused kernel's dispatch stage at
- * T = 1 (H100, same call: 10.3 -> 5.4 us, T = 1 125 -> 120.5 us). Its cost: k_hconv at 64
- * registers with split store sectors, hconv at T = 2048 286 -> 348 us (lab/pending/
- * quant_pairs.patch: element pairs again, built, not yet measured). K is a multiple of 128 and
- * rows start 16-byte aligned (moe_layout checks H and I), so a float4 never straddles a row end. */
+/* Loads a thread keeps in flight in the row passes: ROW_U float4 in row_amax, QUANT_U float2
+ * (element pairs) in quant_row's conversion (its unrolled body is ~60 instructions per pair, so
+ * ROW_U there would put ~1000 cold instructions in front of each conversion). Why: the plain
+ * element loops compiled to one dependent load per iteration, so a K3 x row (3584 floats, 128
+ * threads) took 28 L2 round trips for its max and 14 for its conversion: the fused kernel's
+ * dispatch stage at T = 1 (H100, same call: 10.3 -> 5.4 us, T = 1 125 -> 120.5 us). The
+ * conversion stays on pairs: float4 pairs split each warp's store sectors and took k_hconv to 64
+ * registers (hconv at T = 2048 286 -> 348 us); with float2 pairs and k_hconv capped at 32
+ * registers, H100, same call, two rounds, NVFP4 w4a16: hconv at T = 2048 348 / 349 -> 278 / 280
+ * us, T = 8192 1399 / 1406 -> 1109 / 1110, fused T = 1 level (120.4 / 121.2 -> 121.1 / 121.3).
+ * K is a multiple of 128 and rows start 16-byte aligned (moe_layout checks H and I), so a
+ * float4 never straddles a row end. */
 #define ROW_U 8
-#define QUANT_U 2
+#define QUANT_U 4
 
 /* The float4 at element k of a row, zeros past K. A plain load, not ld.global.nc: the fused kernel
  * reads h rows that other CTAs wrote in the same launch. */
@@ -434,8 +437,8 @@ __device__ __forceinline__ void quant_pair(float v0, float v1, int k, int p, int
  * power-of-two row scale, or into NVFP4-quantized values (w4a4, global scale g, TensorRT-LLM's
  * rule s = E4M3(g amax/6), code = E2M1(x g / s)) stored as code * s * 2^-14 (exact in fp16)
  * with row scale 2^14 / g. Writes the lo terms only when lo (a kernel with NP = 2 reads them).
- * Threads tid..K step nth handle groups of 4 elements (w4a16: QUANT_U groups' loads issued
- * before their conversions) or 16-blocks (w4a4, not a decode-latency path). */
+ * Threads tid..K step nth handle element pairs (w4a16: QUANT_U float2 loads issued before their
+ * conversions) or 16-blocks (w4a4, not a decode-latency path). */
 __device__ __forceinline__ void quant_row(const float *src, int K, float amax, int mode, float g,
                                          uint32_t *__restrict__ dst, float *rowscale, int tid, int nth,
                                          bool plain, bool lo) {
@@ -449,18 +452,16 @@ __device__ __forceinline__ void quant_row(const float *src, int K, float amax, i
             p = ex - 15;
         }
         if (tid == 0) *rowscale = ldexpf(1.f, p);
-        for (int k0 = 4 * tid; k0 < K; k0 += 4 * nth * QUANT_U) {
-            float4 v[QUANT_U];
-#pragma unroll
-            for (int u = 0; u < QUANT_U; u++) v[u] = row_ld4(src, K, k0 + u * 4 * nth);
+        for (int k0 = 2 * tid; k0 < K; k0 += 2 * nth * QUANT_U) {
+            float2 v[QUANT_U];
 #pragma unroll
             for (int u = 0; u < QUANT_U; u++) {
-                const int k = k0 + u * 4 * nth;
-                if (k < K) {
-                    quant_pair(v[u].x, v[u].y, k, p, K, b16, plain, lo, dst);
-                    quant_pair(v[u].z, v[u].w, k + 2, p, K, b16, plain, lo, dst);
-                }
+                const int k = k0 + u * 2 * nth;
+                v[u] = k < K ? *(const float2 *)(src + k) : make_float2(0.f, 0.f);
             }
+#pragma unroll
+            for (int u = 0; u < QUANT_U; u++)
+                if (k0 + u * 2 * nth < K) quant_pair(v[u].x, v[u].y, k0 + u * 2 * nth, p, K, b16, plain, lo, dst);
         }
     } else {
         if (tid == 0) *rowscale = 16384.f / g;

@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(2 * 32 * WARPS) k_fc(MoeDev m, MoeRun r) {
             if (mt + t < mtiles) tile_epi<FMT, ACT, NT, FC2, NP>(m, r, wk, mt + t, lane, acc + t * NT);
 }
 
-__global__ void __launch_bounds__(128) k_hconv(MoeDev m, MoeRun r) {
+/* 16 CTAs per SM (32 registers): the old one-pair loop's occupancy; hconv is bandwidth-bound at prefill sizes. */
+__global__ void __launch_bounds__(128, 16) k_hconv(MoeDev m, MoeRun r) {
     pdl_wait();
     pdl_launch();
     if ((int)blockIdx.x >= r.ctl[0]) return;
