@@ -398,10 +398,13 @@ __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(_
 #define ROW_U 8
 #define QUANT_U 4
 
-/* The float4 at element k of a row, zeros past K. A plain load, not ld.global.nc: the fused kernel
- * reads h rows that other CTAs wrote in the same launch. */
+/* The float4 / float2 at element k of a row, zeros past K. Plain loads, not ld.global.nc: the
+ * fused kernel reads h rows that other CTAs wrote in the same launch. */
 __device__ __forceinline__ float4 row_ld4(const float *src, int K, int k) {
     return k < K ? *(const float4 *)(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ float2 row_ld2(const float *src, int K, int k) {
+    return k < K ? *(const float2 *)(src + k) : make_float2(0.f, 0.f);
 }
 
 __device__ __forceinline__ float nanmax(float a, float b) { return (b > a || isnan(b)) ? b : a; }
@@ -455,13 +458,12 @@ __device__ __forceinline__ void quant_row(const float *src, int K, float amax, i
         for (int k0 = 2 * tid; k0 < K; k0 += 2 * nth * QUANT_U) {
             float2 v[QUANT_U];
 #pragma unroll
+            for (int u = 0; u < QUANT_U; u++) v[u] = row_ld2(src, K, k0 + u * 2 * nth);
+#pragma unroll
             for (int u = 0; u < QUANT_U; u++) {
                 const int k = k0 + u * 2 * nth;
-                v[u] = k < K ? *(const float2 *)(src + k) : make_float2(0.f, 0.f);
+                if (k < K) quant_pair(v[u].x, v[u].y, k, p, K, b16, plain, lo, dst);
             }
-#pragma unroll
-            for (int u = 0; u < QUANT_U; u++)
-                if (k0 + u * 2 * nth < K) quant_pair(v[u].x, v[u].y, k0 + u * 2 * nth, p, K, b16, plain, lo, dst);
         }
     } else {
         if (tid == 0) *rowscale = 16384.f / g;
