@@ -7,7 +7,7 @@ export LD_LIBRARY_PATH=$PWD/.libs
 out=${OUT:-/tmp/ab}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t0=$SECONDS
-K3_CUDA_TEST_FILTER=test_wgmma_path timeout 90 lab/bin/test_tmawc > $out/test_tmawc.log 2>&1; echo "test_tmawc rc=$? ($((SECONDS-t0)) s)"
+K3_CUDA_TEST_FILTER=test_wgmma_path timeout 180 lab/bin/test_tmawc > $out/test_tmawc.log 2>&1; echo "test_tmawc rc=$? ($((SECONDS-t0)) s)"
 grep -E "PASSED|FAILED|SKIP|rror" $out/test_tmawc.log | head -8
 awk '/relL2/ {for (i = 1; i <= NF; i++) if ($i == "relL2") v = $(i + 1); w = $2; n[w]++; if (v + 0 > m[w]) m[w] = v + 0}
      END {for (w in m) printf "  width %s: %d cases, max relL2 %.3g\n", w, n[w], m[w]}' $out/test_tmawc.log
