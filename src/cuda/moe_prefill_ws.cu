@@ -9,11 +9,11 @@
  * weight rows x TN tokens (0.011 bytes per multiply-add at TN = 80) and no barrier of the whole
  * CTA sits in the main loop.
  *
- * Warpgroup 0 produces (cp.async of the stage's FC1 token rows and the CTA's tiles' half units
- * of codes and scales into a ring of shared-memory stages, each thread's copies signalling the
- * stage's full barrier when they land: cp.async.mbarrier.arrive.noinc; FC2's token rows by one
- * TMA box, counted on the same barrier as transaction bytes; and each job's epilogue operands
- * into a table, WpTab); the other warpgroups consume
+ * Warpgroup 0 produces (cp.async of the stage's FC1 token rows into a ring of shared-memory
+ * stages, each thread's copies signalling the stage's full barrier when they land:
+ * cp.async.mbarrier.arrive.noinc; the CTA's tiles' half units of codes and their scales by two
+ * TMA boxes, FC2's token rows by one per term, counted on the same barrier as transaction bytes;
+ * and each job's epilogue operands into a table, WpTab); the other warpgroups consume
  * (each warp decodes one 16-row tile per 64-row M tile of its warpgroup, MTW of them, into a
  * four-step register ring as in k_wg, and issues per 16-k step and M tile one wgmma m64nTNk16 per
  * fp16 term into the same fp32 accumulators). A consumer warp hands a stage back (empty barrier,
@@ -101,8 +101,9 @@ static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_
               "k_wgp: register pool");
 static_assert(wp_tiles(80) % 4 == 0 && wp_tiles(80) / 4 % WP_MTW80_FC1 == 0, "k_wgp 80: M tiles per warpgroup");
 
-/* A stage: the token parts, then the tiles' weights padded to 1024 bytes, so that the next
- * stage's swizzled parts start on an atom boundary (12 tiles take 7.5 KB). */
+/* A stage: the token parts, then the tiles' codes (512 B each) and their scales (128 or 64 B
+ * each), padded to 1024 bytes, so that the next stage's swizzled parts start on an atom boundary
+ * (12 tiles take 7.5 KB). */
 __host__ __device__ constexpr int wp_stage_bytes(int tn, int np) {
     return np * wg_part_bytes(tn) + (wp_tiles(tn) * WG_WBYTES + 1023) / 1024 * 1024;
 }
@@ -116,37 +117,44 @@ __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stag
 /* The producer's copies of stage s of a job. Token rows: FC1 gathers them by cp.async (two
  * threads per row, alternate 16-byte pieces: one 32-byte sector per pair; rows past the item's
  * tokens are not copied, their columns are never stored); FC2's rows of an item are contiguous
- * positions, one TMA box of TN rows x 64 k per term (thread 0; the copy engine applies the
- * 128-byte swizzle from the destination address, as wg_bpiece lays it out; rows past the item's
- * positions are loaded, or zero-filled past the array, and never stored), counted on the stage's
- * full barrier as transaction bytes. Weights: the CTA's tiles' half units by cp.async, thread
- * tid copying, of tiles tid / 8 + 16 u, the code pieces tid % 8 + 8 j (j < 4: 128 contiguous
- * bytes per 8 threads) and the scale piece tid % 8 where the format has one, from the tiles'
- * unit pointers (wt, sct: the job's unit 0, so a stage costs no division and no index
- * arithmetic; the per-piece division of an earlier loop made the producer 27% of the kernel's
- * instructions, v22).
+ * positions, one TMA box of TN rows x 64 k per term (the copy engine applies the 128-byte
+ * swizzle from the destination address, as wg_bpiece lays it out; rows past the item's positions
+ * are loaded, or zero-filled past the array, and never stored). Weights: thread 0 copies the
+ * half units of the job's tiles tile0 .. tile0 + TILES - 1 with one box of the codes map and one
+ * of the scales map (wp_weight_map: a tile's units are contiguous along k, so a stage is one
+ * 512-byte column of TILES rows; tiles past the expert's last are loaded, or zero-filled past
+ * the array, and never stored). The boxes count on the stage's full barrier as transaction bytes.
  * Measured (H100, one call, two rounds, FC2 stage ms, NVFP4): the box against cp.async rows
  * w4a16 T = 2048 3.80 / 3.83 -> 3.69 / 3.65, T = 8192 9.99 / 10.26 -> 9.43 / 9.34, w4a16-bf16
  * T = 8192 5.66 / 5.81 -> 4.93 / 4.91. FC1's gathered rows as one 128-byte box each ran 66% /
  * 86% slower than by cp.async at T = 2048 / 8192, and multicasting the rows over two-CTA
  * clusters (the other CTA on the next row block) gained nothing in FC2 and did not close FC1's
- * gap (lab/NOTES.md v26; the code is lab/pending/tma_cluster_tokens.patch). */
-__host__ __device__ constexpr int wp_tpt(int tn) { return (wp_tiles(tn) + 15) / 16; } /* tiles per producer thread */
+ * gap (lab/NOTES.md v26; the code is lab/pending/tma_cluster_tokens.patch). Weights by TMA
+ * against 16-byte cp.async (960 per 48-token stage from 128 threads; H100, one call, two rounds,
+ * FC2 stage ms / whole MoE ms): w4a16 T = 2048 3.61 / 3.69 -> 3.49 / 3.44, 11.6 / 11.7 ->
+ * 11.1 / 11.1; T = 8192 9.43 / 9.63 -> 9.51 / 9.51, 34.2 / 33.9 -> 32.9 / 33.2; w4a16-bf16
+ * T = 2048 2.69 / 2.60 -> 2.46 / 2.33; FC1 unchanged. An L2 evict-first policy on the weight
+ * boxes gained nothing further (v30). 48 separate 512-byte cp.async.bulk copies per stage had
+ * lost 1.3-2.5x (v28). */
 __host__ __device__ constexpr int wp_rpt(int tn) { return (tn + 63) / 64; } /* token rows per producer thread pair */
 template <int FMT, int TN, int NP, int FC2>
-__device__ __forceinline__ void wp_fill(const MoeDev &m, const void *tmap, uint32_t st, uint32_t fullb, int s, int p0,
-                                        const __half *const src[wp_rpt(TN)], const int nrow,
-                                        const uint8_t *const wt[wp_tpt(TN)], const uint8_t *const sct[wp_tpt(TN)],
-                                        int tid) {
-    constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+__device__ __forceinline__ void wp_fill(const MoeDev &m, const CUtensorMap *rmap, const CUtensorMap *wmap,
+                                        const CUtensorMap *smap, uint32_t st, uint32_t fullb, int s, int p0,
+                                        const __half *const src[wp_rpt(TN)], const int nrow, int tile0, int tid) {
+    constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX, TILES = wp_tiles(TN);
     const int K = FC2 ? m.I : m.H;
-    if (FC2) {
-        if (tid == 0) {
-            mbar_expect_tx(fullb, NP * TN * WG_KS * 2);
+    if (tid == 0) {
+        const uint32_t wb = st + NP * wg_part_bytes(TN);
+        const int c = s >> 1, h = s & 1;
+        mbar_expect_tx(fullb, TILES * (512 + SBY) + (FC2 ? NP * TN * WG_KS * 2 : 0));
+        if (FC2) {
 #pragma unroll
-            for (int p = 0; p < NP; p++) tma_load_2d(st + p * wg_part_bytes(TN), tmap, p * K + s * WG_KS, p0, fullb);
+            for (int p = 0; p < NP; p++) tma_load_2d(st + p * wg_part_bytes(TN), rmap, p * K + s * WG_KS, p0, fullb);
         }
-    } else {
+        tma_load_2d(wb, wmap, c * (UNIT_W / 4) + h * 128, tile0, fullb);
+        tma_load_2d(wb + TILES * 512, smap, c * (SBY / 4), tile0, fullb);
+    }
+    if (!FC2) {
         const int pair = tid & 1;
 #pragma unroll
         for (int rr = 0; rr < wp_rpt(TN); rr++) {
@@ -161,18 +169,6 @@ __device__ __forceinline__ void wp_fill(const MoeDev &m, const void *tmap, uint3
                                    16);
                     }
             }
-        }
-    }
-    const int c = s >> 1, h = s & 1, pc = tid & 7;
-#pragma unroll
-    for (int u = 0; u < wp_tpt(TN); u++) {
-        const int ti = (tid >> 3) + 16 * u;
-        if (ti < wp_tiles(TN)) {
-            const uint32_t wd = st + NP * wg_part_bytes(TN) + ti * WG_WBYTES + pc * 16;
-            const uint8_t *w = wt[u] + (size_t)c * UNIT_W + h * 512;
-#pragma unroll
-            for (int j = 0; j < 4; j++) cp_async16(wd + j * 128, w + j * 128, 16);
-            if (pc < SBY / 16) cp_async16(wd + 512, sct[u] + (size_t)c * SBY, 16);
         }
     }
 }
@@ -206,12 +202,14 @@ __device__ __forceinline__ void wp_cstage(uint32_t g, bool first, uint32_t sbase
     uint4 w[MTW], sc[MTW];
 #pragma unroll
     for (int t = 0; t < MTW; t++) {
-        const uint32_t wd = st + NP * wg_part_bytes(TN) + (ti0 + 4 * t) * WG_WBYTES;
-        w[t] = lds128(wd + lane * 16);
+        constexpr int SBY = FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+        const int ti = ti0 + 4 * t;
+        const uint32_t wd = st + NP * wg_part_bytes(TN), sd = wd + wp_tiles(TN) * 512 + ti * SBY;
+        w[t] = lds128(wd + ti * 512 + lane * 16);
         if (FMT == FMT_NV) {
-            sc[t] = lds128(wd + 512 + (lane >> 2) * 16);
+            sc[t] = lds128(sd + (lane >> 2) * 16);
         } else {
-            const uint2 v = lds64(wd + 512 + (lane >> 2) * 8);
+            const uint2 v = lds64(sd + (lane >> 2) * 8);
             sc[t] = make_uint4(v.x, v.y, 0, 0);
         }
     }
@@ -317,7 +315,8 @@ __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, co
 }
 
 template <int FMT, int ACT, int TN, int FC2, int NP>
-__global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r, const __grid_constant__ CUtensorMap tmap) {
+__global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun r, const __grid_constant__ CUtensorMap rmap,
+                                                               const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap smap) {
     constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN), MTW = wp_mtw(TN, FC2);
     extern __shared__ __align__(1024) uint8_t wsm[];
     __shared__ __align__(8) uint64_t bars[17];
@@ -347,15 +346,6 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
             const int wi = job / nrb, rb = job - wi * nrb;
             const int4 wk = r.work[wi];
             const int nrow = wk.z < TN ? wk.z : TN;
-            /* this thread's tiles (tiles past the end copy the last one; nothing stores them) */
-            const uint8_t *wt[wp_tpt(TN)], *sct[wp_tpt(TN)];
-#pragma unroll
-            for (int u = 0; u < wp_tpt(TN); u++) {
-                const int mt = rb * TILES + (tid >> 3) + 16 * u, nk = FC2 ? m.nk2 : m.nk1;
-                const size_t unit0 = ((size_t)wk.x * mtiles + (mt < mtiles ? mt : mtiles - 1)) * nk;
-                wt[u] = (const uint8_t *)(FC2 ? m.w2 : m.w1) + unit0 * UNIT_W + (tid & 7) * 16;
-                sct[u] = (FC2 ? m.s2 : m.s1) + unit0 * (FMT == FMT_NV ? UNIT_S_NV : UNIT_S_MX) + (tid & 7) * 16;
-            }
             const __half *src[wp_rpt(TN)];
 #pragma unroll
             for (int rr = 0; rr < wp_rpt(TN); rr++) {
@@ -366,8 +356,8 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
             for (int s = 0; s < nst; s++) {
                 const uint32_t g = sg + s, b = g % ST;
                 if (g >= ST) mbar_wait(empty + 8 * b, ((g / ST) - 1) & 1);
-                wp_fill<FMT, TN, NP, FC2>(m, &tmap, sbase + b * wp_stage_bytes(TN, NP), full + 8 * b, s, wk.y, src, nrow, wt,
-                                          sct, tid);
+                wp_fill<FMT, TN, NP, FC2>(m, &rmap, &wmap, &smap, sbase + b * wp_stage_bytes(TN, NP), full + 8 * b, s, wk.y,
+                                          src, nrow, wk.x * mtiles + rb * TILES, tid);
                 if (s == nst - 1) { /* the table, once job jl - 1's has been read; this stage's arrive covers it */
                     if (jl >= 1) mbar_wait(tempty, (jl - 1) & 1);
 #pragma unroll
@@ -413,7 +403,7 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
     }
 }
 
-typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap);
+typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap, CUtensorMap, CUtensorMap);
 #define PACTS(X, F, N, P)                                                                             \
     X(F, K3_ACT_IDENTITY, N, P), X(F, K3_ACT_GELU, N, P), X(F, K3_ACT_RELU, N, P), X(F, K3_ACT_SILU, N, P), \
         X(F, K3_ACT_SWIGLU, N, P), X(F, K3_ACT_GEGLU, N, P), X(F, K3_ACT_SWIGLU_BIAS, N, P),              \
@@ -461,6 +451,22 @@ static int wp_tensor_map(CUtensorMap *map, const void *base, int K, int rows, in
     return K3_OK;
 }
 
+/* The tensor map of a weight array [tiles][nk units][ub bytes] (codes: 1 KB units; scales: 128
+ * or 64 B) for boxes of bx bytes x by tiles, as 32-bit elements (a box row may hold at most 256
+ * elements), unswizzled: the consumers read a tile's 512 bytes of codes as 32 lanes x 16 B. */
+static int wp_weight_map(CUtensorMap *map, const void *base, int nk, int ub, int tiles, int bx, int by, k3_error *err) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 enc = wp_encoder();
+    if (!enc) return k3_fail(err, K3_ERR_UNSUPPORTED, "k_wgp: the CUDA driver offers no cuTensorMapEncodeTiled");
+    const cuuint64_t dim[2] = {(cuuint64_t)nk * ub / 4, (cuuint64_t)tiles}, stride[1] = {(cuuint64_t)nk * ub};
+    const cuuint32_t box[2] = {(cuuint32_t)bx / 4, (cuuint32_t)by}, es[2] = {1, 1};
+    CUresult cr = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, (void *)base, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (cr != CUDA_SUCCESS)
+        return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: cuTensorMapEncodeTiled failed (%d) for %d tiles of %d x %d B", (int)cr,
+                       tiles, nk, ub);
+    return K3_OK;
+}
+
 /* The index of width tn in moe_wp_widths, -1 for none. */
 static int wp_width_index(int tn) {
     for (int i = 0; i < MOE_WP_NW; i++)
@@ -483,11 +489,16 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     const int pi = r.np == 2 ? 1 : 0;
     kern_t k = fc2 ? wp_fc2_table[pi][wi][m->fmt] : wp_fc1_table[pi][wi][m->fmt][(int)m->act - 1];
     const int smem = wp_smem_bytes(tn, r.np) + WG_ALIGN_SLACK;
-    /* FC2's token rows: hq [T k][2 I], boxes of tn positions (FC1 gathers xq rows by cp.async) */
-    CUtensorMap map = {}; /* unused by FC1 */
-    if (fc2 && wp_tensor_map(&map, r.hq, d.I, r.T * r.k, tn, err)) return err->status;
+    /* FC2's token rows: hq [T k][2 I], boxes of tn positions (FC1 gathers xq rows by cp.async);
+     * the weights of the local experts' tiles, boxes of a half unit x the job's tiles */
+    CUtensorMap rmap = {}, wmap = {}, smap = {}; /* rmap: unused by FC1 */
+    if (fc2 && wp_tensor_map(&rmap, r.hq, d.I, r.T * r.k, tn, err)) return err->status;
+    const int nk = fc2 ? d.nk2 : d.nk1, tiles = d.n_local * (fc2 ? d.m2 : d.m1), sb = m->fmt == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
+    if (wp_weight_map(&wmap, fc2 ? (const void *)d.w2 : (const void *)d.w1, nk, UNIT_W, tiles, 512, wp_tiles(tn), err) ||
+        wp_weight_map(&smap, fc2 ? d.s2 : d.s1, nk, sb, tiles, sb, wp_tiles(tn), err))
+        return err->status;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r, map);
+    k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r, rmap, wmap, smap);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, fc2 ? "k_wgp<fc2><<<>>>" : "k_wgp<fc1><<<>>>", __FILE__, __LINE__);
 }
