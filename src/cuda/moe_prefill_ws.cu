@@ -436,35 +436,37 @@ static PFN_cuTensorMapEncodeTiled_v12000 wp_encoder(void) {
     return (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
 
+/* A 2-D tensor map: rows of row_bytes at a stride of row_bytes, dim0 elements of the type per
+ * row, boxes of box0 elements x box1 rows; what names the array in the error. */
+static int wp_map_2d(CUtensorMap *map, CUtensorMapDataType type, const void *base, uint64_t dim0, uint64_t rows,
+                     uint64_t row_bytes, uint32_t box0, uint32_t box1, CUtensorMapSwizzle swz, CUtensorMapL2promotion l2,
+                     const char *what, k3_error *err) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 enc = wp_encoder();
+    if (!enc) return k3_fail(err, K3_ERR_UNSUPPORTED, "k_wgp: the CUDA driver offers no cuTensorMapEncodeTiled");
+    const cuuint64_t dim[2] = {dim0, rows}, stride[1] = {row_bytes};
+    const cuuint32_t box[2] = {box0, box1}, es[2] = {1, 1};
+    CUresult cr = enc(map, type, 2, (void *)base, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, swz, l2,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (cr != CUDA_SUCCESS)
+        return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: cuTensorMapEncodeTiled failed (%d) for %s: %llu rows of %llu B", (int)cr,
+                       what, (unsigned long long)rows, (unsigned long long)row_bytes);
+    return K3_OK;
+}
+
 /* The tensor map of a plain activation array (rows of [hi: K halves][lo: K halves]) for boxes of
  * 64 halves x box_rows rows in the 128-byte swizzle. */
 static int wp_tensor_map(CUtensorMap *map, const void *base, int K, int rows, int box_rows, k3_error *err) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 enc = wp_encoder();
-    if (!enc) return k3_fail(err, K3_ERR_UNSUPPORTED, "k_wgp: the CUDA driver offers no cuTensorMapEncodeTiled");
-    const cuuint64_t dim[2] = {(cuuint64_t)2 * K, (cuuint64_t)rows}, stride[1] = {(cuuint64_t)4 * K};
-    const cuuint32_t box[2] = {WG_KS, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    CUresult cr = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (cr != CUDA_SUCCESS)
-        return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: cuTensorMapEncodeTiled failed (%d) for %d rows of %d halves", (int)cr,
-                       rows, 2 * K);
-    return K3_OK;
+    return wp_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, (uint64_t)2 * K, rows, (uint64_t)4 * K, WG_KS, box_rows,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "the token rows", err);
 }
 
 /* The tensor map of a weight array [tiles][nk units][ub bytes] (codes: 1 KB units; scales: 128
  * or 64 B) for boxes of bx bytes x by tiles, as 32-bit elements (a box row may hold at most 256
  * elements), unswizzled: the consumers read a tile's 512 bytes of codes as 32 lanes x 16 B. */
-static int wp_weight_map(CUtensorMap *map, const void *base, int nk, int ub, int tiles, int bx, int by, k3_error *err) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 enc = wp_encoder();
-    if (!enc) return k3_fail(err, K3_ERR_UNSUPPORTED, "k_wgp: the CUDA driver offers no cuTensorMapEncodeTiled");
-    const cuuint64_t dim[2] = {(cuuint64_t)nk * ub / 4, (cuuint64_t)tiles}, stride[1] = {(cuuint64_t)nk * ub};
-    const cuuint32_t box[2] = {(cuuint32_t)bx / 4, (cuuint32_t)by}, es[2] = {1, 1};
-    CUresult cr = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, (void *)base, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                      CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (cr != CUDA_SUCCESS)
-        return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: cuTensorMapEncodeTiled failed (%d) for %d tiles of %d x %d B", (int)cr,
-                       tiles, nk, ub);
-    return K3_OK;
+static int wp_weight_map(CUtensorMap *map, const void *base, int nk, int ub, int tiles, int bx, int by, const char *what,
+                         k3_error *err) {
+    return wp_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, base, (uint64_t)nk * ub / 4, tiles, (uint64_t)nk * ub, bx / 4, by,
+                     CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, what, err);
 }
 
 /* The index of width tn in moe_wp_widths, -1 for none. */
@@ -494,8 +496,9 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
     CUtensorMap rmap = {}, wmap = {}, smap = {}; /* rmap: unused by FC1 */
     if (fc2 && wp_tensor_map(&rmap, r.hq, d.I, r.T * r.k, tn, err)) return err->status;
     const int nk = fc2 ? d.nk2 : d.nk1, tiles = d.n_local * (fc2 ? d.m2 : d.m1), sb = m->fmt == FMT_NV ? UNIT_S_NV : UNIT_S_MX;
-    if (wp_weight_map(&wmap, fc2 ? (const void *)d.w2 : (const void *)d.w1, nk, UNIT_W, tiles, 512, wp_tiles(tn), err) ||
-        wp_weight_map(&smap, fc2 ? d.s2 : d.s1, nk, sb, tiles, sb, wp_tiles(tn), err))
+    if (wp_weight_map(&wmap, fc2 ? (const void *)d.w2 : (const void *)d.w1, nk, UNIT_W, tiles, 512, wp_tiles(tn), "the codes",
+                      err) ||
+        wp_weight_map(&smap, fc2 ? d.s2 : d.s1, nk, sb, tiles, sb, wp_tiles(tn), "the block scales", err))
         return err->status;
     K3_CUDA_TRY(err, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     k<<<m->n_sm, wp_threads(tn, fc2), smem, st>>>(d, r, rmap, wmap, smap);
