@@ -72,9 +72,9 @@ int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode, const f
                     const int32_t *d_ids, const float *d_w, int k, float *d_y, void *stream,
                     k3_error *err);
 
-/* The grouped backend's GEMM path: -1 always mma.sync tiles, 0 automatic, 32 / 64 / 128
- * always the sm_90a wgmma tiles of that many tokens, 48 / 80 / 160 always the warp-specialized sm_90a
- * wgmma tiles of that width (an expert's tokens split evenly into items of at most that many)
+/* The grouped backend's GEMM path: -1 always mma.sync tiles, 0 automatic, 32 always the sm_90a
+ * wgmma tiles of 32 tokens, 48 / 80 / 128 / 160 always the warp-specialized sm_90a wgmma tiles of
+ * that width (an expert's tokens split evenly into items of at most that many)
  * (K3_ERR_UNSUPPORTED where the binary or the device has no sm_90a kernels; K3_ERR_ARG for other
  * values). All paths compute the same contract; tests and benchmarks pin one. */
 int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err);
@@ -120,9 +120,9 @@ typedef struct k3_cuda_bench_opts {
     int tokens_per_tile; /* lab sweeps: 4, 8 or 16 forces the grouped tile width; 0 = automatic */
     int k_splits;        /* lab sweeps: 1 or 2 K halves per tile in the mma.sync kernels (grouped and
                             fused); 0 = automatic */
-    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32/64/128 forces the sm_90a wgmma path
-                            with that many tokens per tile (an error where it cannot run) */
-    int wgp;             /* lab sweeps: 48, 80 or 160 forces the warp-specialized sm_90a wgmma path
+    int wgmma;           /* lab sweeps: -1 never, 0 automatic, 32 forces the sm_90a wgmma path of
+                            32-token tiles (an error where it cannot run) */
+    int wgp;             /* lab sweeps: 48, 80, 128 or 160 forces the warp-specialized sm_90a wgmma path
                             with that tile width (an error where it cannot run); 0 = automatic */
     int cta_warps;       /* lab sweeps: 1, 2, 4 or 8 warps per K part in the grouped mma.sync CTAs (8
                             only with one K part: an error at T*k <= 64 unless k_splits = 1); 0 = automatic */

@@ -84,15 +84,14 @@ extern "C" int k3_cuda_bench_open(const k3_cuda_bench_opts *o, k3_cuda_bench **o
         return k3_fail(err, K3_ERR_ARG, "cuda bench: k_splits %d (expected 0, 1 or 2)", o->k_splits);
     }
     b->m.force_ks = o->k_splits;
-    if (o->wgmma < -1 || (o->wgmma > 0 && o->wgmma != 32 && o->wgmma != 64 && o->wgmma != 128)) {
+    if (o->wgmma < -1 || (o->wgmma > 0 && o->wgmma != 32)) {
         free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0, 32, 64 or 128)", o->wgmma);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgmma %d (expected -1, 0 or 32)", o->wgmma);
     }
     b->m.force_wg = o->wgmma;
     if (o->wgp != 0 && !moe_wp_width_ok(o->wgp)) {
         free(b);
-        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgp %d (expected 0, %d, %d or %d)", o->wgp, moe_wp_widths[0],
-                       moe_wp_widths[1], moe_wp_widths[2]);
+        return k3_fail(err, K3_ERR_ARG, "cuda bench: wgp %d (expected 0, %s)", o->wgp, moe_wp_widths_text);
     }
     b->m.force_wp = o->wgp;
     if (o->cta_warps != 0 && o->cta_warps != 1 && o->cta_warps != 2 && o->cta_warps != 4 && o->cta_warps != 8) {

@@ -1,11 +1,13 @@
 /* The grouped backend's GEMMs on sm_90a for a few or many tokens per expert: warpgroup MMA
  * (wgmma) with the 4-bit weights decoded into the A fragment in registers, the activations of
- * TN = 32, 64 or 128 tokens gathered by cp.async into shared memory as the B operand. (Tiles of 8
- * and 16 tokens were built and measured: 42-50% of the copy bandwidth at T = 8..256, below
- * the mma.sync tiles' 57-82%, so the decode sizes stay on mma.sync.)
+ * TN = 32 tokens gathered by cp.async into shared memory as the B operand, for 12 to 32 tokens
+ * per expert (above, the warp-specialized tiles of moe_prefill_ws.cu). (Tiles of 8 and 16 tokens
+ * were built and measured: 42-50% of the copy bandwidth at T = 8..256, below the mma.sync tiles'
+ * 57-82%, so the decode sizes stay on mma.sync; tiles of 64 and 128 tokens never beat 32 below
+ * 32 tokens per expert nor k_wgp above, and were retired in the twenty-sixth session.)
  *
- * One CTA = two warpgroups = 8 warps = 8 x MT 16-row tiles of weight rows (MT = 2 at TN = 32,
- * else 1) x TN tokens of one expert's work item, over all of K in 64-k stages. Every byte
+ * One CTA = two warpgroups = 8 warps = 8 x MT 16-row tiles of weight rows x TN tokens of one
+ * expert's work item, over all of K in 64-k stages. Every byte
  * arrives by cp.async into a ring of shared-memory stages, so no load in flight occupies
  * registers. Per 16-k step each warp decodes its fragment once (from shared memory) into
  * that step's slot of a four-step register ring, while the three steps before it are still
@@ -33,10 +35,11 @@ extern "C" {
 
 #define WG_THREADS 256
 
-/* 16-row tiles per warp: at TN = 32, MT = 2 decodes two tiles per stage against the same
+/* Tokens per tile, and 16-row tiles per warp: MT = 2 decodes two tiles per stage against the same
  * activation stage (half the fills, barriers and B reads per weight row; 32 accumulators and
- * 32 A registers per thread stay under 128). At TN = 64 two tiles spill (lab/NOTES.md v15). */
-__host__ __device__ constexpr int wg_mt(int tn) { return tn == 32 ? 2 : 1; }
+ * 32 A registers per thread stay under 128). */
+#define WG_TN 32
+#define WG_MT 2
 
 /* Ring depth: as many stages as fit in 112 KB (two CTAs per SM with the alignment slack: 2 x
  * (112 + 1 + 1 reserved) KB = the SM's 228 KB), at most 8; stage s computes while s + 1 .. s +
@@ -141,9 +144,9 @@ __device__ __forceinline__ void wg_mainloop(float acc[MT][TN / 2], const uint8_t
     wg_wait<0>();
 }
 
-template <int FMT, int ACT, int TN, int FC2, int NP>
+template <int FMT, int ACT, int FC2, int NP>
 __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
-    constexpr int MT = wg_mt(TN);
+    constexpr int TN = WG_TN, MT = WG_MT;
     extern __shared__ __align__(1024) uint8_t wsm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int W = r.ctl[1];
@@ -180,26 +183,21 @@ __global__ void __launch_bounds__(WG_THREADS, 2) k_wg(MoeDev m, MoeRun r) {
 __global__ void k_wg_probe(int *out) { *out = K3_WGMMA; }
 
 typedef void (*kern_t)(MoeDev, MoeRun);
-#define WACTS(X, F, N)                                                                               \
-    X(F, K3_ACT_IDENTITY, N), X(F, K3_ACT_GELU, N), X(F, K3_ACT_RELU, N), X(F, K3_ACT_SILU, N),      \
-        X(F, K3_ACT_SWIGLU, N), X(F, K3_ACT_GEGLU, N), X(F, K3_ACT_SWIGLU_BIAS, N),                  \
-        X(F, K3_ACT_RELU2, N), X(F, K3_ACT_SITU, N)
-#define WG1K1(F, A, N) (kern_t)k_wg<F, A, N, 0, 1>
-#define WG1K2(F, A, N) (kern_t)k_wg<F, A, N, 0, 2>
-#define WG2K(F, N, P) (kern_t)k_wg<F, K3_ACT_IDENTITY, N, 1, P>
+#define WACTS(X, F)                                                                                          \
+    X(F, K3_ACT_IDENTITY), X(F, K3_ACT_GELU), X(F, K3_ACT_RELU), X(F, K3_ACT_SILU), X(F, K3_ACT_SWIGLU),  \
+        X(F, K3_ACT_GEGLU), X(F, K3_ACT_SWIGLU_BIAS), X(F, K3_ACT_RELU2), X(F, K3_ACT_SITU)
+#define WG1K1(F, A) (kern_t)k_wg<F, A, 0, 1>
+#define WG1K2(F, A) (kern_t)k_wg<F, A, 0, 2>
+#define WG2K(F, P) (kern_t)k_wg<F, K3_ACT_IDENTITY, 1, P>
 
-/* [terms - 1][fmt][tile: 32, 64 or 128 tokens][act - 1] */
-static const kern_t wg_fc1_table[2][2][3][9] = {
-    {{{WACTS(WG1K1, FMT_NV, 32)}, {WACTS(WG1K1, FMT_NV, 64)}, {WACTS(WG1K1, FMT_NV, 128)}},
-     {{WACTS(WG1K1, FMT_MX, 32)}, {WACTS(WG1K1, FMT_MX, 64)}, {WACTS(WG1K1, FMT_MX, 128)}}},
-    {{{WACTS(WG1K2, FMT_NV, 32)}, {WACTS(WG1K2, FMT_NV, 64)}, {WACTS(WG1K2, FMT_NV, 128)}},
-     {{WACTS(WG1K2, FMT_MX, 32)}, {WACTS(WG1K2, FMT_MX, 64)}, {WACTS(WG1K2, FMT_MX, 128)}}},
+/* [terms - 1][fmt][act - 1] */
+static const kern_t wg_fc1_table[2][2][9] = {
+    {{WACTS(WG1K1, FMT_NV)}, {WACTS(WG1K1, FMT_MX)}},
+    {{WACTS(WG1K2, FMT_NV)}, {WACTS(WG1K2, FMT_MX)}},
 };
-static const kern_t wg_fc2_table[2][2][3] = {
-    {{WG2K(FMT_NV, 32, 1), WG2K(FMT_NV, 64, 1), WG2K(FMT_NV, 128, 1)},
-     {WG2K(FMT_MX, 32, 1), WG2K(FMT_MX, 64, 1), WG2K(FMT_MX, 128, 1)}},
-    {{WG2K(FMT_NV, 32, 2), WG2K(FMT_NV, 64, 2), WG2K(FMT_NV, 128, 2)},
-     {WG2K(FMT_MX, 32, 2), WG2K(FMT_MX, 64, 2), WG2K(FMT_MX, 128, 2)}},
+static const kern_t wg_fc2_table[2][2] = {
+    {WG2K(FMT_NV, 1), WG2K(FMT_MX, 1)},
+    {WG2K(FMT_NV, 2), WG2K(FMT_MX, 2)},
 };
 
 int moe_wg_probe(int *ok, k3_error *err) {
@@ -216,13 +214,11 @@ int moe_wg_probe(int *ok, k3_error *err) {
 
 int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, int wmax, cudaStream_t st,
                   k3_error *err) {
-    const int ti = tn == 32 ? 0 : tn == 64 ? 1 : tn == 128 ? 2 : -1;
-    if (ti < 0) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (32, 64 or 128)", tn);
+    if (tn != WG_TN) return k3_fail(err, K3_ERR_ARG, "wgmma path: %d tokens per tile (%d)", tn, WG_TN);
     /* FC1 rows from the one gated table (moe/activation.h), as the upload sized them */
     const int tiles = fc2 ? d.m2 : (int)(k3_act_fc1_rows(m->act, d.I) / 16);
     const int pi = r.np == 2 ? 1 : 0;
-    kern_t k = fc2 ? wg_fc2_table[pi][m->fmt][ti] : wg_fc1_table[pi][m->fmt][ti][(int)m->act - 1];
-    const int mt = wg_mt(tn);
-    return wg_launch(k, tiles, 8 * mt, wmax, WG_THREADS, wg_smem_bytes(tn, r.np, mt) + WG_ALIGN_SLACK, st, d, r,
+    kern_t k = fc2 ? wg_fc2_table[pi][m->fmt] : wg_fc1_table[pi][m->fmt][(int)m->act - 1];
+    return wg_launch(k, tiles, 8 * WG_MT, wmax, WG_THREADS, wg_smem_bytes(WG_TN, r.np, WG_MT) + WG_ALIGN_SLACK, st, d, r,
                      fc2 ? "k_wg<fc2><<<>>>" : "k_wg<fc1><<<>>>", err);
 }

@@ -59,11 +59,9 @@ extern "C" {
 #ifndef WP_MTW80_FC1 /* M tiles per consumer warp in the 80-token FC1 kernels (lab builds may set it) */
 #define WP_MTW80_FC1 1
 #endif
-/* The widest tiles (T >= ~6144 on the K3 layer: well over 80 tokens per expert), their consumer
- * warpgroups and M tiles per consumer warp (lab builds may set all three). */
-#ifndef WP_WIDE
-#define WP_WIDE 160
-#endif
+/* The wide tiles, 128 and 160 tokens (T >= ~6144 on the K3 layer: over ~100 tokens per expert):
+ * their consumer warpgroups and M tiles per consumer warp (lab builds may set both). */
+__host__ __device__ constexpr bool wp_wide(int tn) { return tn == 128 || tn == 160; }
 #ifndef WP_CW_WIDE
 #define WP_CW_WIDE 3
 #endif
@@ -73,10 +71,10 @@ extern "C" {
 /* 16-row tiles per job (the stage layout, the same for FC1 and FC2), M tiles per consumer warp,
  * consumer warpgroups: each warpgroup covers MTW 64-row M tiles. */
 __host__ __device__ constexpr int wp_tiles(int tn) {
-    return tn == 48 ? 8 * WP_CW48 : tn == WP_WIDE ? 4 * WP_CW_WIDE * WP_MTW_WIDE : 16;
+    return tn == 48 ? 8 * WP_CW48 : wp_wide(tn) ? 4 * WP_CW_WIDE * WP_MTW_WIDE : 16;
 }
 __host__ __device__ constexpr int wp_mtw(int tn, int fc2) {
-    return tn == WP_WIDE ? WP_MTW_WIDE : tn == 80 && !fc2 ? WP_MTW80_FC1 : 2;
+    return wp_wide(tn) ? WP_MTW_WIDE : tn == 80 && !fc2 ? WP_MTW80_FC1 : 2;
 }
 __host__ __device__ constexpr int wp_cw(int tn, int fc2) { return wp_tiles(tn) / (4 * wp_mtw(tn, fc2)); }
 __host__ __device__ constexpr int wp_threads(int tn, int fc2) { return 128 * (wp_cw(tn, fc2) + 1); }
@@ -96,8 +94,8 @@ __host__ __device__ constexpr bool wp_pool_ok(int tn, int fc2) {
     return wp_regs_consumer(tn, fc2) * 128 * wp_cw(tn, fc2) + WP_REGS_PRODUCER * WP_PRODUCERS <=
            wp_regs_launch(tn, fc2) * wp_threads(tn, fc2);
 }
-static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_pool_ok(80, 1) && wp_pool_ok(WP_WIDE, 0) &&
-                  wp_pool_ok(WP_WIDE, 1),
+static_assert(wp_pool_ok(48, 0) && wp_pool_ok(48, 1) && wp_pool_ok(80, 0) && wp_pool_ok(80, 1) && wp_pool_ok(128, 0) &&
+                  wp_pool_ok(128, 1) && wp_pool_ok(160, 0) && wp_pool_ok(160, 1),
               "k_wgp: register pool");
 static_assert(wp_tiles(80) % 4 == 0 && wp_tiles(80) / 4 % WP_MTW80_FC1 == 0, "k_wgp 80: M tiles per warpgroup");
 
@@ -107,7 +105,8 @@ static_assert(wp_tiles(80) % 4 == 0 && wp_tiles(80) / 4 % WP_MTW80_FC1 == 0, "k_
 __host__ __device__ constexpr int wp_stage_bytes(int tn, int np) {
     return np * wg_part_bytes(tn) + (wp_tiles(tn) * WG_WBYTES + 1023) / 1024 * 1024;
 }
-static_assert(wp_stage_bytes(48, 1) % 1024 == 0 && wp_stage_bytes(80, 1) % 1024 == 0 && wp_stage_bytes(WP_WIDE, 1) % 1024 == 0,
+static_assert(wp_stage_bytes(48, 1) % 1024 == 0 && wp_stage_bytes(80, 1) % 1024 == 0 &&
+                  wp_stage_bytes(128, 1) % 1024 == 0 && wp_stage_bytes(160, 1) % 1024 == 0,
               "k_wgp: stages on 1024-byte boundaries");
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
     return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < 8 ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : 8;
@@ -414,16 +413,17 @@ typedef void (*kern_t)(MoeDev, MoeRun, CUtensorMap, CUtensorMap, CUtensorMap);
 #define WP_FMTS2(N, P) {WP2K(FMT_NV, N, P), WP2K(FMT_MX, N, P)}
 
 /* Tile widths of this path (tokens per item), in the order of the kernel tables' width index. */
-const int moe_wp_widths[MOE_WP_NW] = {48, 80, WP_WIDE};
+const int moe_wp_widths[MOE_WP_NW] = {48, 80, 128, 160};
+const char moe_wp_widths_text[] = "48, 80, 128 or 160";
 
 /* [terms - 1][width][fmt][act - 1] */
 static const kern_t wp_fc1_table[2][MOE_WP_NW][2][9] = {
-    {WP_FMTS1(48, 1), WP_FMTS1(80, 1), WP_FMTS1(WP_WIDE, 1)},
-    {WP_FMTS1(48, 2), WP_FMTS1(80, 2), WP_FMTS1(WP_WIDE, 2)},
+    {WP_FMTS1(48, 1), WP_FMTS1(80, 1), WP_FMTS1(128, 1), WP_FMTS1(160, 1)},
+    {WP_FMTS1(48, 2), WP_FMTS1(80, 2), WP_FMTS1(128, 2), WP_FMTS1(160, 2)},
 };
 static const kern_t wp_fc2_table[2][MOE_WP_NW][2] = {
-    {WP_FMTS2(48, 1), WP_FMTS2(80, 1), WP_FMTS2(WP_WIDE, 1)},
-    {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(WP_WIDE, 2)},
+    {WP_FMTS2(48, 1), WP_FMTS2(80, 1), WP_FMTS2(128, 1), WP_FMTS2(160, 1)},
+    {WP_FMTS2(48, 2), WP_FMTS2(80, 2), WP_FMTS2(128, 2), WP_FMTS2(160, 2)},
 };
 
 /* cuTensorMapEncodeTiled from the driver through the runtime (k3 links no libcuda). */
@@ -482,8 +482,7 @@ int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
                   k3_error *err) {
     const int wi = wp_width_index(tn);
     if (wi < 0)
-        return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (%d, %d or %d)", tn, moe_wp_widths[0],
-                       moe_wp_widths[1], moe_wp_widths[2]);
+        return k3_fail(err, K3_ERR_ARG, "warp-specialized wgmma path: %d tokens per tile (%s)", tn, moe_wp_widths_text);
     /* the kernel walks d.m1 FC1 tiles: the upload sized them from the one gated table */
     if (!fc2 && (int64_t)d.m1 * 16 != k3_act_fc1_rows(m->act, d.I))
         return k3_fail(err, K3_ERR_INTERNAL, "k_wgp: %d FC1 tiles uploaded, the activation table gives %lld rows", d.m1,

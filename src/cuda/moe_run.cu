@@ -1,8 +1,8 @@
 /* The two GPU MoE backends over an uploaded k3_cuda_moe.
  *
  * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
- * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-128 token tiles, and the
- * warp-specialized ones of moe_prefill_ws.cu from 32, pick_wp, 48, 80 or 160):
+ * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-token tiles, and the
+ * warp-specialized ones of moe_prefill_ws.cu from 32, pick_wp, 48, 80, 128 or 160):
  *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
  *             sorted positions); the other blocks turn x rows into the fp16 B layout;
  *   fc1       grid (work items x 16-row tiles / 8: 4 warps of two tiles each): swap-AB mma.sync,
@@ -501,8 +501,8 @@ extern "C" int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act
 extern "C" int k3_cuda_moe_set_gemm_path(k3_cuda_moe *m, int path, k3_error *err) {
     if (!m) return k3_fail(err, K3_ERR_ARG, "gemm path: no uploaded experts");
     const int wp = path > 0 && moe_wp_width_ok(path);
-    if (path < -1 || (path > 0 && path != 32 && path != 64 && path != 128 && !wp))
-        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32, 48, 64, 80, 128 or 160", path);
+    if (path < -1 || (path > 0 && path != 32 && !wp))
+        return k3_fail(err, K3_ERR_ARG, "gemm path %d: expected -1, 0, 32 or %s", path, moe_wp_widths_text);
     if (path > 0 && !m->wg_ok)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "gemm path %d (wgmma): this binary or device has no sm_90a kernels", path);
     m->force_wg = wp ? 0 : path;
@@ -579,28 +579,15 @@ static int pick_nt(const k3_cuda_moe *m, int T, int k, int np) {
  * measured. */
 #define WG_MIN_TOKENS_PER_EXPERT 12
 
-/* Above it, the tile width with the least work: ceil(tokens / width) items per expert times an
- * item's cost relative to a 32-token item. The 32-token kernels run two 16-row M tiles per warp
- * (moe_prefill.cu), which makes their items the cheapest per token. Fitted to the H200 runs
- * (NVFP4, K3 layer, ms for 32 / 64 / 128-token tiles at T = 1024, 2048, 4096, 8192):
- * w4a16 10.3 16.2 25.8 | 19.1 20.5 27.2 | 32.2 38.8 33.8 | 58.5 68.4 68.2;
- * w4a16-bf16 7.9 12.0 16.5 | 13.5 13.6 17.2 | 22.1 26.3 20.6 | 40.0 44.2 41.2.
- * The model picks the measured best at every T but w4a16-bf16 T = 2048 (64 instead of 32,
- * 0.7% slower). */
-static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
+/* Above it (and below pick_wp's 32 tokens per expert) the 32-token tiles: they run two 16-row M
+ * tiles per warp (moe_prefill.cu), which makes their items the cheapest per token. The 64- and
+ * 128-token k_wg tiles cost 1.93 / 2.7 (w4a16-bf16) and 2.1 / 3.1 (w4a16) 32-token items (H200,
+ * NVFP4, K3 layer, T = 1024 .. 8192), so below 32 tokens per expert they never won, and above it
+ * k_wgp beat them; they were retired in the twenty-sixth session. */
+static int pick_wg(const k3_cuda_moe *m, int T, int k) {
     if (!m->wg_ok || m->force_wg < 0) return 0;
-    if (m->force_wg > 0) return m->force_wg; /* tokens per tile */
-    double per = tokens_per_expert(m, T, k);
-    if (per < WG_MIN_TOKENS_PER_EXPERT) return 0;
-    static const double item_cost[2][3] = {{1.0, 1.93, 2.7}, {1.0, 2.1, 3.1}}; /* [terms - 1][32, 64, 128] */
-    int best = 32;
-    double best_cost = 1e30;
-    for (int i = 0; i < 3; i++) {
-        const int tn = 32 << i;
-        const double c = ceil(per / tn) * item_cost[np - 1][i];
-        if (c < best_cost - 1e-9) best = tn, best_cost = c;
-    }
-    return best;
+    if (m->force_wg > 0) return m->force_wg;
+    return tokens_per_expert(m, T, k) < WG_MIN_TOKENS_PER_EXPERT ? 0 : 32;
 }
 
 /* The warp-specialized wgmma tiles (moe_prefill_ws.cu) from 32 tokens per touched expert, in
@@ -618,8 +605,10 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k, int np) {
  * item) times an item's cost, which the H100 runs of the nineteenth session (NVFP4 K3 layer,
  * T = 2048 .. 12288, each width pinned) put near-constant per width: FC1 + FC2 per item 9.1-9.6 /
  * 12.5-13.2 / 20.0-22.2 us (w4a16-bf16) and 12.9-13.2 / 18.7-19.5 / 31.6-35.1 us (w4a16) at 48 /
- * 80 / 160 tokens. The rule picks the measured best width at every T of those runs.
- * Pinned k_wg widths or mma.sync (force_wg) exclude this path. */
+ * 80 / 160 tokens. The rule picks the measured best width at every T of those runs. The 128-token
+ * item costs 1.9x (w4a16-bf16) / 2.1x (w4a16) a 48-token one (H100, nineteenth session's
+ * width probe): it wins near 110 tokens per expert (T = 6144).
+ * Pinned k_wg tiles or mma.sync (force_wg) exclude this path. */
 #define WP_MIN_TOKENS_PER_EXPERT 32
 
 /* Expected work items per expert of each width w of moe_wp_widths, E[ceil(n / w)] for
@@ -646,8 +635,8 @@ static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
     if (m->force_wg) return 0;
     if (tokens_per_expert(m, T, k) < WP_MIN_TOKENS_PER_EXPERT) return 0;
     /* [terms - 1][width of moe_wp_widths]; a width without a measured cost would cost 0 */
-    static_assert(MOE_WP_NW == 3, "pick_wp: one measured item cost per k_wgp width");
-    static const double item_cost[2][MOE_WP_NW] = {{1.0, 1.36, 2.28}, {1.0, 1.46, 2.6}};
+    static_assert(MOE_WP_NW == 4, "pick_wp: one measured item cost per k_wgp width");
+    static const double item_cost[2][MOE_WP_NW] = {{1.0, 1.36, 1.9, 2.28}, {1.0, 1.46, 2.1, 2.6}};
     double items[MOE_WP_NW];
     wp_items(m, T, k, items);
     int best = 0;
@@ -712,7 +701,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
     const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
     const int wp = b == K3_CUDA_GROUPED ? pick_wp(m, T, k, np) : 0;
-    const int wg = b == K3_CUDA_GROUPED && !wp ? pick_wg(m, T, k, np) : 0;
+    const int wg = b == K3_CUDA_GROUPED && !wp ? pick_wg(m, T, k) : 0;
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
     const int tn = wp ? wp : wg ? wg : 4 * nt * (3 - np);

@@ -25,7 +25,7 @@ struct k3_cuda_moe {
     int force_nt;
     int force_ks; /* 1 or 2 K halves per tile in the mma.sync FC kernels and the fused kernel; 0 = automatic */
     int force_wpc; /* grouped mma.sync warps per K part: 1, 2, 4 or 8 (8: one K part only); 0 = fc_wpc's rule */
-    int force_wg; /* wgmma path: -1 never, 0 automatic, 32/64/128 = always, with that many tokens per tile */
+    int force_wg; /* wgmma path: -1 never, 0 automatic, 32 = always (32-token tiles) */
     int force_wp; /* warp-specialized wgmma path (moe_prefill_ws.cu): 0 = not forced, else its tile width */
     int force_bands; /* FC2 grid order (k3_cuda_moe_set_fc2_bands): -1 never bands, 0 automatic, 1 always */
     cudaEvent_t *stage_ev;
@@ -56,11 +56,11 @@ int moe_wg_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc
 
 /* The warp-specialized sm_90a GEMMs (moe_prefill_ws.cu): the same FC1 / FC2 contract over work
  * items of at most tn tokens split evenly (MoeRun.split), one persistent CTA per SM.
- * moe_wp_widths: its tile widths (the messages that list them and pick_wp's measured costs assume
- * MOE_WP_NW = 3), what the automatic choice (pick_wp) picks from;
- * moe_wp_width_ok: whether tn is one of them. */
-#define MOE_WP_NW 3
+ * moe_wp_widths: its tile widths, what the automatic choice (pick_wp, one measured cost per width)
+ * picks from; moe_wp_widths_text: the same for messages; moe_wp_width_ok: whether tn is one. */
+#define MOE_WP_NW 4
 extern const int moe_wp_widths[MOE_WP_NW];
+extern const char moe_wp_widths_text[];
 int moe_wp_width_ok(int tn);
 int moe_wp_launch(const k3_cuda_moe *m, const MoeDev &d, const MoeRun &r, int fc2, int tn, cudaStream_t st,
                   k3_error *err);

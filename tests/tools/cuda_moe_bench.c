@@ -5,7 +5,7 @@
  * Usage: cuda_moe_bench [--fmt nvfp4|mxfp4|both] [--backend cuda|cuda-fused|both]
  *                       [--T 1,8,64,256] [--reps 20] [--experts 896 --hidden 3584 --inter 3072 --topk 16]
  *                       [--mode w4a16|w4a16-bf16|w4a4]
- *                       [--tokens-per-tile 0|4|8|16 (w4a16) or 0|8|16|32] [--k-splits 0|1|2] [--wgmma -1|0|32|64|128] [--wgp 0|48|80|160]
+ *                       [--tokens-per-tile 0|4|8|16 (w4a16) or 0|8|16|32] [--k-splits 0|1|2] [--wgmma -1|0|32] [--wgp 0|48|80|128|160]
  *                       [--cta-warps 0|1|2|4|8]
  * Every row adds the stage breakdown (prep, fc1, hconv, fc2, finalize) of one extra run
  * (grouped: events between the launches; fused: the kernel's own phase stamps); the last
