@@ -33,9 +33,13 @@
  *    192 rows, 152 registers, no spills). H100, same call: an item costs 2.3x (w4a16-bf16) /
  *    2.6x (w4a16) a 48-token one against 1.36x / 1.46x for 80 tokens, so T = 6144 / 8192 run
  *    14 / 9% (bf16) and 6 / 4% (w4a16) faster than with 80. Two warpgroups of MTW = 2 (spills)
- *    ran 23-42% slower; 192 tokens (two warpgroups) lost at every T from 2048 to 12288; 128
- *    tokens (three warpgroups, 1.9x / 2.1x a 48-token item) won only near 110 tokens per
- *    expert (T = 6144: 19.2 against 21.4 ms bf16), not enough for 40 more kernels (v25).
+ *    ran 23-42% slower; 192 tokens (two warpgroups) lost at every T from 2048 to 12288;
+ *  - TN = 128, the same three warpgroups (128 registers, no spills; 1.9x / 2.1x a 48-token
+ *    item), for ~100-120 and ~200-240 tokens per expert, where 160 would pad or split badly.
+ *    H100, same call, two rounds, automatic path, NVFP4 K3 layer, with it against without:
+ *    T = 6144 w4a16-bf16 18.3 / 18.8 -> 17.0 / 17.1 ms, w4a16 29.1 / 30.5 -> 27.6 / 26.6;
+ *    T = 12288 w4a16-bf16 36.2 / 37.0 -> 32.8 / 32.5, w4a16 level; T = 4096 / 8192 level
+ *    (v32; the 64- and 128-token k_wg kernels it displaced were never chosen automatically).
  * Persistent: one CTA per SM walks the (work item, row block) jobs with the row blocks of
  * an item adjacent, so the CTAs in flight share the item's token rows in L2 and the items of one
  * expert (split evenly, MoeRun.split) read its weights while they are still in L2.

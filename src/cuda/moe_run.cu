@@ -607,7 +607,9 @@ static int pick_wg(const k3_cuda_moe *m, int T, int k) {
  * 12.5-13.2 / 20.0-22.2 us (w4a16-bf16) and 12.9-13.2 / 18.7-19.5 / 31.6-35.1 us (w4a16) at 48 /
  * 80 / 160 tokens. The rule picks the measured best width at every T of those runs. The 128-token
  * item costs 1.9x (w4a16-bf16) / 2.1x (w4a16) a 48-token one (H100, nineteenth session's
- * width probe): it wins near 110 tokens per expert (T = 6144).
+ * width probe): it wins near 110 and 220 tokens per expert (T = 6144, 12288). With the four
+ * widths the automatic choice ran within run-to-run noise (<= 3%) of the best pinned width at
+ * T = 4096, 6144, 8192 and 12288 in both modes (H100, v32).
  * Pinned k_wg tiles or mma.sync (force_wg) exclude this path. */
 #define WP_MIN_TOKENS_PER_EXPERT 32
 
