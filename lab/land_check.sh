@@ -15,6 +15,7 @@ echo "test_cuda_moe rc=$? ($((SECONDS - t0)) s)"
 grep -E "FAILED|PASSED|SKIP|rror" "$out/tests.log" | head -12
 awk '/wgmma +[0-9]+ .*relL2/ {for (i = 1; i <= NF; i++) if ($i == "relL2") v = $(i + 1); w = $2; n[w]++; if (v + 0 > m[w]) m[w] = v + 0}
      END {for (w in m) printf "  width %s: %d cases, max relL2 %.3g\n", w, n[w], m[w]}' "$out/tests.log"
+mkdir -p lab/bin; [ -x lab/bin/bench_b ] || cp build/tests/tools/cuda_moe_bench lab/bin/bench_b
 ROUNDS=${ROUNDS:-1} PREFILL_T=${PREFILL_T:-4096,6144,8192,12288} OUT=$out timeout ${AB_TIMEOUT:-200} lab/ab_wide.sh b:0 b:80 b:128 b:160
 echo "== product table ($((SECONDS - t0)) s)"
 OUT=$out timeout ${TABLE_TIMEOUT:-170} tools/gpu-check --skip-tests --skip-sweeps 2>&1 | tail -40
