@@ -8,10 +8,7 @@
 #   FUSED_T / GROUPED_T: the token counts of the fused and grouped runs (grouped only NVFP4 and
 #   MXFP4 of the first and last NAME, or of GROUPED_NAMES; GROUPED_MODES: modes, default w4a16).
 #   Two rounds, the second in reverse order.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-out=${OUT:-/tmp/ab}; mkdir -p "$out"
+. "$(dirname "$0")/env.sh" /tmp/ab
 b=lab/bin
 t0=$SECONDS
 exec > >(tee "$out/log.txt") 2>&1

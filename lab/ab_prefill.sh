@@ -6,11 +6,7 @@
 # with the widest relL2 per width; then, for each NAME, lab/bin/bench_NAME at T = 1024 .. 8192,
 # NVFP4, both modes, with the automatic path and the warp-specialized widths 80 and 48 forced.
 # One summary line per run; the raw TSV rows go to $OUT/ab.tsv (the device returns 8 files).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-out=${OUT:-/tmp/ab}
-mkdir -p "$out"
+. "$(dirname "$0")/env.sh" /tmp/ab
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t0=$SECONDS
 for n in "$@"; do
@@ -18,8 +14,7 @@ for n in "$@"; do
   K3_CUDA_TEST_FILTER=test_wgmma_path timeout ${TEST_TIMEOUT:-240} lab/bin/test_$n > "$out/test_$n.log" 2>&1
   echo "test_$n test_wgmma_path rc=$? ($((SECONDS - t0)) s)"
   grep -E "FAILED|SKIP|rror" "$out/test_$n.log" | head -5
-  awk '/relL2/ {for (i = 1; i <= NF; i++) if ($i == "relL2") v = $(i + 1); w = $2; n[w]++; if (v + 0 > m[w]) m[w] = v + 0}
-       END {for (w in m) printf "  width %s: %d cases, max relL2 %.3g\n", w, n[w], m[w]}' "$out/test_$n.log"
+  awk -f lab/widths.awk "$out/test_$n.log"
 done
 [ -n "${TESTS_ONLY:-}" ] && exit 0
 for mode in ${MODES:-w4a16 w4a16-bf16}; do

@@ -4,11 +4,7 @@
 #   lab/ab_wide.sh NAME:WGP...   (lab/bin/bench_NAME run with --wgp WGP; WGP 0 = automatic)
 # TESTS: lab/bin/test_NAME run filtered to test_wgmma_path first, by lab/ab_prefill.sh (TESTS_ONLY).
 # One summary line per run; raw rows in $OUT/ab.tsv.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-out=${OUT:-/tmp/ab}
-mkdir -p "$out"
+. "$(dirname "$0")/env.sh" /tmp/ab
 if [ -n "${TESTS:-}" ]; then
   OUT=$out TESTS_ONLY=1 lab/ab_prefill.sh $TESTS
 else

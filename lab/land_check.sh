@@ -3,18 +3,13 @@
 # carried build (per-width max relL2 of test_wgmma_path), then the k_wgp width A/B of the
 # carried cuda_moe_bench (lab/bin/bench_b = build/tests/tools/cuda_moe_bench), then the product table
 # (tools/gpu-check without tests or sweeps) in what time is left. Usage: lab/land_check.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-out=${OUT:-/tmp/land}
-mkdir -p "$out"
+. "$(dirname "$0")/env.sh" /tmp/land
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t0=$SECONDS
 timeout ${TEST_TIMEOUT:-280} build/tests/test_cuda_moe > "$out/tests.log" 2>&1
 echo "test_cuda_moe rc=$? ($((SECONDS - t0)) s)"
 grep -E "FAILED|PASSED|SKIP|rror" "$out/tests.log" | head -12
-awk '/wgmma +[0-9]+ .*relL2/ {for (i = 1; i <= NF; i++) if ($i == "relL2") v = $(i + 1); w = $2; n[w]++; if (v + 0 > m[w]) m[w] = v + 0}
-     END {for (w in m) printf "  width %s: %d cases, max relL2 %.3g\n", w, n[w], m[w]}' "$out/tests.log"
+awk -f lab/widths.awk "$out/tests.log"
 mkdir -p lab/bin; [ -x lab/bin/bench_b ] || cp build/tests/tools/cuda_moe_bench lab/bin/bench_b
 ROUNDS=${ROUNDS:-1} PREFILL_T=${PREFILL_T:-4096,6144,8192,12288} OUT=$out timeout ${AB_TIMEOUT:-200} lab/ab_wide.sh b:0 b:80 b:128 b:160
 echo "== product table ($((SECONDS - t0)) s)"

@@ -3,10 +3,7 @@
 # GEMM kernel, written as CSV (one row per SASS instruction: stall samples by reason) to $OUT, for
 # reading the hot spots against the SASS here. Carry ["lab/bin", ".libs"]; bench = lab/bin/bench_new.
 # Usage: lab/ncu_src.sh NAME KERNEL_REGEX SKIP BENCH_ARGS...
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-out=${OUT:-/tmp/ncu}; mkdir -p "$out"
+. "$(dirname "$0")/env.sh" /tmp/ncu
 name=$1 kre=$2 skip=$3; shift 3
 timeout 240 ncu --kernel-name regex:"$kre" --launch-skip "$skip" --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats \
