@@ -309,20 +309,46 @@ __device__ __forceinline__ void gemm_tile(const uint4 *__restrict__ wq, const ui
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float geluf_(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 
-/* tanh for SiTU, from one ex2.approx and one rcp.approx: (1 - e) / (1 + e) with e = exp(-2|x|)
- * from |x| = 0.25 (no cancellation worth counting: 1 - e >= 0.39), below it the odd series to x^7.
- * Float32 emulation against float64 tanh over [-20, 20] and |x| in [1e-8, 10]: max relative
- * error 3.7e-7 (at the switch), against 1.1e-7 for numpy's float32 tanh; NaN and +-inf go
- * through (NaN, +-1). Why: SiTU's two tanhf, expf and three IEEE divides were most of FC1's
- * epilogue, which runs exposed once per job (lab/NOTES.md v26): H100, one call, two rounds, FC1
- * stage ms of k_wgp at T = 2048 w4a16-bf16 6.08 / 6.08 -> 5.11 / 4.88, w4a16 8.21 / 8.31 -> 6.95 /
- * 7.67; T = 8192 15.89 / 15.90 -> 13.53 / 14.19 and 22.62 / 22.83 -> 21.38 / 21.51. The tests'
- * relL2 stayed within 1.3x of the precise version's in every case (w4a16 unchanged to 3 digits). */
-__device__ __forceinline__ float tanh_fast(float x) {
-    const float ax = fabsf(x), e = __expf(-2.f * ax), x2 = x * x;
-    const float t = __fdividef(1.f - e, 1.f + e);
-    const float p = ax * fmaf(x2, fmaf(x2, fmaf(x2, -17.f / 315.f, 2.f / 15.f), -1.f / 3.f), 1.f);
-    return copysignf(ax < 0.25f ? p : t, x);
+/* 2^x and 1/x, approximate, with subnormal inputs and results flushed to zero (no range fix-up
+ * instructions): only where a flushed result cannot change what follows (an exponential added to
+ * 1, the reciprocal of a sum >= 1). */
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp_ftz(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* tanh(y) for SiTU as a quotient num / den, den = 1 + e in [1, 2] with e = exp(-2|y|) from one
+ * ex2.approx: num = sign(y) (1 - e) from |y| = 0.25 (1 - e >= 0.39: no cancellation worth
+ * counting), below it the odd series to y^7 times den. NaN goes through; +-inf gives +-1. */
+__device__ __forceinline__ float tanh_num(float y, float &den) {
+    const float ay = fabsf(y), e = ex2_ftz(-2.8853900817779268f * ay), y2 = y * y; /* 2 log2(e) */
+    den = 1.f + e;
+    const float p = ay * fmaf(y2, fmaf(y2, fmaf(y2, -17.f / 315.f, 2.f / 15.f), -1.f / 3.f), 1.f) * den;
+    return copysignf(ay < 0.25f ? p : 1.f - e, y);
+}
+
+/* SiTU = [a tanh(g/a) sigmoid(g)] * [b tanh(u/b)] = a n1 b n3 / (d1 d3 (1 + exp(-g))): the three
+ * quotients share one rcp.approx (the denominator is in [1, 4] times 1 + exp(-g); at g < -88 it
+ * is inf, or past 2^126 with a flushed reciprocal, and the result 0, as float32's
+ * 1 / (1 + expf(-g)) gives there). Why: SiTU's two tanhf, expf and three IEEE divides
+ * were most of FC1's epilogue, which runs exposed once per job (lab/NOTES.md v26): H100, one
+ * call, two rounds, FC1 stage ms of k_wgp at T = 2048 w4a16-bf16 6.08 / 6.08 -> 5.11 / 4.88,
+ * T = 8192 15.89 / 15.90 -> 13.53 / 14.19 with a quotient per tanh and one for the sigmoid; one
+ * quotient in all, with the branch-free k_wgp epilogue, 1-5% on the whole MoE at T = 2048 .. 12288
+ * (lab/NOTES.md v33). Float32 emulation (exp within 2 ulp) against float64
+ * SiTU at (a, b) = (2.5, 7), (1, 1), (10, 10), g and u over [-30, 30], [-1, 1] and |x| in
+ * [1e-8, 10]: max relative error 1.07e-6, as the three-quotient form's (1.21e-6). */
+__device__ __forceinline__ float situ_fast(float g, float u, float a, float b) {
+    float d1, d3;
+    /* 1 / a and 1 / b are the same in every column: the compiler computes them once */
+    const float n1 = tanh_num(g * __frcp_rn(a), d1), n3 = tanh_num(u * __frcp_rn(b), d3);
+    return a * n1 * (b * n3) * rcp_ftz(d1 * d3 * (1.f + ex2_ftz(-1.4426950408889634f * g)));
 }
 
 template <int ACT>
@@ -333,9 +359,7 @@ __device__ __forceinline__ float act_gated(float g, float u, float a, float b, f
         float gg = fminf(g, lim), uu = fminf(fmaxf(u, -lim), lim);
         return gg * sigmoidf_(a * gg) * (uu + b);
     }
-    /* SiTU: [a tanh(g/a) sigmoid(g)] * [b tanh(u/b)], with approximate divides (2 ulp) and exp */
-    if (ACT == K3_ACT_SITU)
-        return a * tanh_fast(__fdividef(g, a)) * __fdividef(1.f, 1.f + __expf(-g)) * (b * tanh_fast(__fdividef(u, b)));
+    if (ACT == K3_ACT_SITU) return situ_fast(g, u, a, b);
     /* A non-gated activation never gets here (m.gated is false for it), but its kernels compile
      * this branch too: NaN makes a misuse visible and keeps SiTU's arithmetic out of them. */
     return NAN;
@@ -583,11 +607,15 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem,
 
 /* ---- the two GEMM work items and the small stages ---------------------------------------- */
 
-__device__ __forceinline__ float warp_max8(float v) {
-    /* max over the 8 lanes sharing lane & 3 (lane bits 2..4) */
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+/* |v| as bits: an unsigned max orders non-negative floats and ranks every NaN above +inf, so a
+ * max of these propagates NaN without a test per value. */
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+/* max over the 8 lanes sharing lane & 3 (lane bits 2..4) */
+__device__ __forceinline__ unsigned warp_max8(unsigned v) {
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, 16));
     return v;
 }
 
@@ -610,15 +638,12 @@ __device__ __forceinline__ void fc1_act(const MoeDev &m, int mt, int g, float r0
     }
 }
 
-/* Folds |h| max am into a position's max *slot (MoeRun.hamax: bits of a non-negative float, so
- * atomicMax on the unsigned bits orders them; a NaN max is stored as a quiet NaN, which hconv
- * propagates). */
-__device__ __forceinline__ void hamax_fold(unsigned *slot, float am) {
-    atomicMax(slot, isnan(am) ? 0x7FC00000u : __float_as_uint(am));
-}
+/* Folds |h| max bits am (abs_bits) into a position's max *slot (MoeRun.hamax: atomicMax on the
+ * bits orders them, NaN above all, which hconv propagates). */
+__device__ __forceinline__ void hamax_fold(unsigned *slot, unsigned am) { atomicMax(slot, am); }
 
 /* The FC1 output of one position pos (valid when ok) for this lane's row pair of tile mt
- * (fc1_act): writes h and folds |h| into the position's max (a NaN max is stored as NaN). Every
+ * (fc1_act): writes h and folds |h| into the position's max (NaN if any is NaN). Every
  * lane of the warp must call it (the max is a shuffle). */
 template <int ACT>
 __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int pos, bool ok, int mt, int g, float r0,
@@ -626,8 +651,7 @@ __device__ __forceinline__ void fc1_store(const MoeDev &m, const MoeRun &r, int 
     float v0, v1;
     int i0, i1;
     fc1_act<ACT>(m, mt, g, r0, r8, fa, fb, xs, al, be, li, v0, v1, i0, i1);
-    float am = warp_max8(ok ? fmaxf(fabsf(v0), fabsf(v1)) : 0.f);
-    if (isnan(v0) || isnan(v1)) am = NAN;
+    const unsigned am = warp_max8(ok ? max(abs_bits(v0), abs_bits(v1)) : 0u);
     if (ok) {
         float *hr = r.h + (size_t)pos * m.I;
         hr[i0] = v0;

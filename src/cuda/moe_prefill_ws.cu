@@ -267,52 +267,61 @@ __device__ __forceinline__ void wp_tab_cst(const MoeDev &m, uint32_t tb, int e, 
 /* The epilogue of a warp's MTW M tiles (mt0, mt0 + 4, ...) from the job's table. FC1: per token
  * column the activation and store of every tile's rows, then one |h| max over all of them (one
  * shuffle tree and one atomic per column instead of one per tile: FC1 stage of the 48-token
- * kernels 2-10% faster, v25). FC2: the unweighted rows of the column's slot. */
+ * kernels 2-10% faster, v25). FC2: the unweighted rows of the column's slot.
+ * The columns go in chunks of CH per lane (4 CH tokens) without a branch inside: a column's work
+ * is a chain of dependent MUFU and FMUL, and with a branch around each column (the tokens past
+ * the item, tiles past the expert) the compiler could not interleave them; columns and tiles
+ * past the end are computed from whatever the table and accumulators hold and never stored.
+ * Chunks past the item's last token are skipped. With SiTU's single quotient (situ_fast): H100,
+ * one call, two rounds, whole MoE ms, w4a16-bf16 T = 8192 21.49 / 21.49 -> 21.12 / 21.15,
+ * T = 12288 32.7 / 32.4 -> 31.0 / 31.3; w4a16 T = 8192 34.5 / 34.0 -> 33.3 / 33.4 (lab/NOTES.md
+ * v33). */
 template <int ACT, int TN, int MTW, int FC2>
 __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, const WpTab<TN> &tb, int p0, int n, int mt0,
                                             int mtiles, int g, int q, const float acc[MTW][TN / 2]) {
-    constexpr int NC = TN / 4;
+    constexpr int NC = TN / 4, CH = 4;
+    static_assert(NC % CH == 0, "k_wgp epilogue: whole chunks of columns");
     const float c0 = tb.cst[0], c1 = tb.cst[1];
     const float al = !FC2 && m.alpha ? tb.cst[2] : 1.f, be = !FC2 && m.beta ? tb.cst[3] : 0.f;
     const float li = !FC2 && m.limit ? tb.cst[4] : INFINITY;
+    bool tv[MTW]; /* this warp's tile t lies inside the expert */
 #pragma unroll
-    for (int u = 0; u < NC; u++) {
-        const int j = 8 * (u >> 1) + 2 * q + (u & 1), i = 4 * (u >> 1) + (u & 1);
-        const bool ok = j < n;
-        const float2 cv = ok ? tb.col[j] : make_float2(0.f, 0.f);
-        if (FC2) {
-            if (ok) {
+    for (int t = 0; t < MTW; t++) tv[t] = mt0 + 4 * t < mtiles;
+#pragma unroll
+    for (int u0 = 0; u0 < NC; u0 += CH) {
+        if (4 * u0 >= n) break; /* the chunk's first token (8 (u0 / 2)) is past the item's last */
+#pragma unroll
+        for (int u = u0; u < u0 + CH; u++) {
+            const int j = 8 * (u >> 1) + 2 * q + (u & 1), i = 4 * (u >> 1) + (u & 1);
+            const bool ok = j < n;
+            const float2 cv = tb.col[j];
+            if (FC2) {
+                float *o = r.part + (size_t)(ok ? __float_as_int(cv.y) : 0) * m.H + g;
                 const float sc = c0 * cv.x;
-                float *o = r.part + (size_t)__float_as_int(cv.y) * m.H + g;
 #pragma unroll
                 for (int t = 0; t < MTW; t++) {
                     const int mt = mt0 + 4 * t;
-                    if (mt >= mtiles) break;
-                    o[mt * 16] = acc[t][i] * sc;
-                    o[mt * 16 + 8] = acc[t][i + 2] * sc;
+                    if (ok && tv[t]) {
+                        o[mt * 16] = acc[t][i] * sc;
+                        o[mt * 16 + 8] = acc[t][i + 2] * sc;
+                    }
                 }
-            }
-        } else {
-            float *hr = r.h + (size_t)(p0 + j) * m.I;
-            float am = 0.f;
-            bool nan = false;
+            } else {
+                float *hr = r.h + (size_t)(p0 + j) * m.I;
+                unsigned am = 0;
 #pragma unroll
-            for (int t = 0; t < MTW; t++) {
-                const int mt = mt0 + 4 * t;
-                if (mt >= mtiles) break; /* warp-uniform */
-                float v0, v1;
-                int i0, i1;
-                fc1_act<ACT>(m, mt, g, acc[t][i], acc[t][i + 2], c0, c1, cv.x, al, be, li, v0, v1, i0, i1);
-                if (ok) {
-                    hr[i0] = v0;
-                    if (i1 >= 0) hr[i1] = v1;
-                    am = fmaxf(am, fmaxf(fabsf(v0), fabsf(v1)));
-                    nan |= isnan(v0) || isnan(v1);
+                for (int t = 0; t < MTW; t++) {
+                    float v0, v1;
+                    int i0, i1;
+                    fc1_act<ACT>(m, mt0 + 4 * t, g, acc[t][i], acc[t][i + 2], c0, c1, cv.x, al, be, li, v0, v1, i0, i1);
+                    const bool st = ok && tv[t];
+                    if (st) hr[i0] = v0;
+                    if (st && i1 >= 0) hr[i1] = v1;
+                    am = st ? max(am, max(abs_bits(v0), abs_bits(v1))) : am;
                 }
+                am = warp_max8(am);
+                if (ok && g == 0) hamax_fold(r.hamax + p0 + j, am);
             }
-            am = warp_max8(am);
-            if (nan) am = NAN;
-            if (ok && g == 0) hamax_fold(r.hamax + p0 + j, am);
         }
     }
 }
