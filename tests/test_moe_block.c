@@ -1,7 +1,8 @@
 /* The whole MoE block (k3-architecture.md §5.4) with the reference operator, against a
  * direct float64 computation written here from the float masters: the K3 latent form
  * (router -> down-projection -> SiTU experts -> weighted sum -> RMSNorm -> up-projection,
- * plus the shared SiTU MLP on the full-width input) and the Kimi-Linear form. */
+ * plus the shared SiTU MLP on the full-width input), the same without the latent RMSNorm
+ * (latent_moe_use_norm false) on the reference and CPU operators, and the Kimi-Linear form. */
 /* cmocka needs these first, in this order */
 // clang-format off
 #include <setjmp.h>
@@ -11,6 +12,7 @@
 #include <cmocka.h>
 // clang-format on
 
+#include "moe/moe_cpu.h"
 #include "moe_fixture.h"
 
 enum { TT = 6, W = 96, L = 64, I = 32, E = 6, K = 2, S = 48 };
@@ -25,6 +27,7 @@ typedef struct blockfx {
 } blockfx;
 
 static bool g_norm_f16; /* store the latent norm weight as F16 instead of BF16 */
+static bool g_no_norm;  /* latent block without routed_expert_norm */
 
 static void build(blockfx *bf, bool latent, k3_act act) {
     int H = latent ? L : W;
@@ -64,7 +67,7 @@ static void build(blockfx *bf, bool latent, k3_act act) {
         b->latent_down = F, b->latent_down.rows = L, b->latent_down.cols = W,
         b->latent_down.data = bf->down;
         b->latent_up = F, b->latent_up.rows = W, b->latent_up.cols = L, b->latent_up.data = bf->up;
-        b->latent_norm = bf->norm_bf16,
+        b->latent_norm = g_no_norm ? NULL : bf->norm_bf16,
         b->latent_norm_fmt = g_norm_f16 ? K3_WFMT_F16 : K3_WFMT_BF16, b->norm_eps = 1e-5f;
     }
     b->n_shared = 2;
@@ -129,7 +132,7 @@ static void oracle(const blockfx *bf, const float *x, double *y, int32_t *ids, f
             for (int c = 0; c < L; c++)
                 ss += r[c] * r[c];
             double inv = 1 / sqrt(ss / L + 1e-5);
-            for (int c = 0; c < L; c++)
+            for (int c = 0; c < L && b->latent_norm; c++)
                 r[c] = r[c] * inv * bf->norm[c];
             matvec(bf->up, W, L, r, o);
         } else {
@@ -146,7 +149,13 @@ static void oracle(const blockfx *bf, const float *x, double *y, int32_t *ids, f
     }
 }
 
-static void check_block(bool latent, k3_act act, int ep_size) {
+static int cpu_experts(void *ctx, const k3_experts *ex, k3_act_mode mode, const float *x, int T,
+                       const int32_t *ids, const float *w, int k, float *y, k3_error *err) {
+    (void)ctx;
+    return k3_moe_experts_cpu(ex, mode, x, T, ids, w, k, y, NULL, err);
+}
+
+static void check_block_op(bool latent, k3_act act, int ep_size, k3_moe_experts_fn op) {
     blockfx *bf = calloc(1, sizeof *bf);
     build(bf, latent, act);
     fx_rng r = {555};
@@ -155,8 +164,7 @@ static void check_block(bool latent, k3_act act, int ep_size) {
     fx_fill_normal(&r, x, TT * W, 1.0);
     for (int i = 0; i < TT * W; i++)
         y[i] = NAN; /* poison */
-    k3_moe_backend be = {
-        .experts = k3_moe_experts_ref_f32, .mode = K3_MODE_W4A16, .ep_size = ep_size};
+    k3_moe_backend be = {.experts = op, .mode = K3_MODE_W4A16, .ep_size = ep_size};
     k3_error e = {0};
     if (k3_moe_block_forward(&bf->b, &be, x, TT, y, ids, w, &e))
         fail_msg("block: %s", e.msg);
@@ -177,6 +185,10 @@ static void check_block(bool latent, k3_act act, int ep_size) {
     free(bf);
 }
 
+static void check_block(bool latent, k3_act act, int ep_size) {
+    check_block_op(latent, act, ep_size, k3_moe_experts_ref_f32);
+}
+
 static void test_k3_latent_block(void **state) {
     (void)state;
     check_block(true, K3_ACT_SITU, 1);
@@ -184,6 +196,16 @@ static void test_k3_latent_block(void **state) {
     g_norm_f16 = true;
     check_block(true, K3_ACT_SITU, 1);
     g_norm_f16 = false;
+}
+
+/* latent_moe_use_norm false: the weighted expert sum goes straight to the up-projection. */
+static void test_latent_block_without_norm(void **state) {
+    (void)state;
+    g_no_norm = true;
+    check_block_op(true, K3_ACT_SITU, 1, k3_moe_experts_ref_f32);
+    check_block_op(true, K3_ACT_SITU, 3, k3_moe_experts_ref_f32);
+    check_block_op(true, K3_ACT_SITU, 1, cpu_experts);
+    g_no_norm = false;
 }
 
 static void test_kimi_linear_block(void **state) {
@@ -199,10 +221,13 @@ static void test_block_errors(void **state) {
     float x[TT * W] = {0}, y[TT * W];
     k3_moe_backend be = {.experts = k3_moe_experts_ref_f32, .mode = K3_MODE_W4A16};
     k3_error e = {0};
+    /* the CUDA block checks through k3_moe_block_validate and always applies the norm */
     bf->b.latent_norm = NULL;
-    assert_int_equal(k3_moe_block_forward(&bf->b, &be, x, TT, y, NULL, NULL, &e), K3_ERR_MISSING);
+    assert_int_equal(k3_moe_block_validate(&bf->b, K3_MODE_W4A16, &e), K3_ERR_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "latent norm"));
+    assert_non_null(strstr(e.msg, "cuda"));
     bf->b.latent_norm = bf->norm_bf16;
+    assert_int_equal(k3_moe_block_validate(&bf->b, K3_MODE_W4A16, &e), K3_OK);
     bf->b.latent_up.cols = L + 1;
     assert_int_equal(k3_moe_block_forward(&bf->b, &be, x, TT, y, NULL, NULL, &e), K3_ERR_SHAPE);
     assert_non_null(strstr(e.msg, "up-projection"));
@@ -227,6 +252,7 @@ static void test_block_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_k3_latent_block),
+        cmocka_unit_test(test_latent_block_without_norm),
         cmocka_unit_test(test_kimi_linear_block),
         cmocka_unit_test(test_block_errors),
     };

@@ -124,7 +124,10 @@ static int check_qmat(const k3_qmat *m, const char *name, int64_t rows, int64_t 
     return K3_OK;
 }
 
-int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err) {
+/* norm_optional: k3_moe_block_forward runs a latent block without routed_expert_norm
+ * (latent_moe_use_norm false: the expert sum goes straight to latent_up, §5.4); the public
+ * check is also the CUDA block's, which always normalizes, so there it is refused. */
+static int check_block(const k3_moe_block *b, k3_act_mode mode, bool norm_optional, k3_error *err) {
     int rc, W = b->model_width, H = b->experts.hidden;
     if (W <= 0)
         return k3_fail(err, K3_ERR_SHAPE, "moe block: model_width must be > 0, found %d", W);
@@ -142,14 +145,17 @@ int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err
             return rc;
         if ((rc = check_qmat(&b->latent_up, "latent up-projection", W, H, err)))
             return rc;
-        if (!b->latent_norm)
-            return k3_fail(err, K3_ERR_MISSING, "moe block: latent norm weight");
-        if (b->latent_norm_fmt != K3_WFMT_F32 && b->latent_norm_fmt != K3_WFMT_BF16 &&
-            b->latent_norm_fmt != K3_WFMT_F16)
+        if (!b->latent_norm && !norm_optional)
+            return k3_fail(err, K3_ERR_UNSUPPORTED,
+                           "moe block: latent norm weight is absent (latent_moe_use_norm false): "
+                           "only the ref and cpu backends run a latent MoE without "
+                           "routed_expert_norm; the cuda block always applies it");
+        if (b->latent_norm && b->latent_norm_fmt != K3_WFMT_F32 &&
+            b->latent_norm_fmt != K3_WFMT_BF16 && b->latent_norm_fmt != K3_WFMT_F16)
             return k3_fail(err, K3_ERR_DTYPE,
                            "moe block: latent norm: expected F32, BF16 or F16, found %s",
                            k3_wfmt_name(b->latent_norm_fmt));
-        if (!(isfinite(b->norm_eps) && b->norm_eps > 0))
+        if (b->latent_norm && !(isfinite(b->norm_eps) && b->norm_eps > 0))
             return k3_fail(err, K3_ERR_NUMERIC, "moe block: norm eps: expected > 0, found %g",
                            (double)b->norm_eps);
     } else if (H != W) {
@@ -174,6 +180,10 @@ int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err
             return rc;
     }
     return K3_OK;
+}
+
+int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err) {
+    return check_block(b, mode, false, err);
 }
 
 /* ---- the block --------------------------------------------------------------------- */
@@ -208,7 +218,7 @@ int k3_moe_block_forward(const k3_moe_block *b, const k3_moe_backend *be, const 
                          float *y, int32_t *ids_out, float *w_out, k3_error *err) {
     if (!b || !be || !be->experts)
         return k3_fail(err, K3_ERR_ARG, "moe block: block and backend operator are required");
-    int rc = k3_moe_block_validate(b, be->mode, err);
+    int rc = check_block(b, be->mode, true, err);
     if (rc)
         return rc;
     if (T < 0)
@@ -247,7 +257,8 @@ int k3_moe_block_forward(const k3_moe_block *b, const k3_moe_backend *be, const 
     if (rc)
         goto out;
     if (b->latent) {
-        rmsnorm(r, T, H, b->latent_norm, b->latent_norm_fmt, b->norm_eps);
+        if (b->latent_norm)
+            rmsnorm(r, T, H, b->latent_norm, b->latent_norm_fmt, b->norm_eps);
         if ((rc = gemm(&b->latent_up, r, T, y, err)))
             goto out;
     } else {

@@ -85,7 +85,8 @@ typedef struct k3_moe_block {
     k3_experts experts;
     bool latent;
     k3_qmat latent_down;     /* [L, model_width] */
-    const void *latent_norm; /* [L] weight, BF16 or F32 as latent_norm_fmt says */
+    const void *latent_norm; /* [L] weight, F32, BF16 or F16 as latent_norm_fmt says; NULL:
+                                no norm (latent_moe_use_norm false), see the forward */
     k3_wfmt latent_norm_fmt;
     k3_qmat latent_up; /* [model_width, L] */
     float norm_eps;
@@ -189,15 +190,19 @@ typedef struct k3_moe_backend {
 } k3_moe_backend;
 
 /* One MoE block on T tokens of x [T, model_width] (float): routing on the full-width x, then
- * (latent) z = latent_down x; r = experts(z); r = RMSNorm(r) * latent_norm; y = latent_up r,
- * or (not latent) y = experts(x); plus, when n_shared > 0, shared_down(act(shared_gate x,
- * shared_up x)). Every GEMM outside the experts is fp32 (products summed in double, rounded
- * once); the weighted expert sum is fp32 as the backend returns it. y [T, model_width] is
- * fully overwritten; ids [T, top_k] and w [T, top_k] receive the routing (NULL: not wanted). */
+ * (latent) z = latent_down x; r = experts(z); r = RMSNorm(r) * latent_norm (skipped when
+ * latent_norm is NULL); y = latent_up r, or (not latent) y = experts(x); plus, when
+ * n_shared > 0, shared_down(act(shared_gate x, shared_up x)). Every GEMM outside the experts
+ * is fp32 (products summed in double, rounded once); the weighted expert sum is fp32 as the
+ * backend returns it. y [T, model_width] is fully overwritten; ids [T, top_k] and w [T, top_k]
+ * receive the routing (NULL: not wanted). */
 int k3_moe_block_forward(const k3_moe_block *b, const k3_moe_backend *be, const float *x, int T,
                          float *y, int32_t *ids, float *w, k3_error *err);
 
-/* Checks a block: router, experts (for be->mode), latent and shared shapes and formats. */
+/* Checks a block: router, experts (for be->mode), latent and shared shapes and formats.
+ * This is the check of the device runners (the CUDA block), which always apply the latent
+ * norm: a latent block with latent_norm NULL is K3_ERR_UNSUPPORTED here, though
+ * k3_moe_block_forward runs it. */
 int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err);
 
 #endif
