@@ -105,10 +105,14 @@ static int k3_model_config_copy(k3_model_config *dst, const k3_model_config *src
     return rc;
 }
 
-static k3_dtype plain_dtype_of(k3_role r) {
-    switch (r) {
+/* k3-architecture.md §3.1, §8.2. K3_R_ATTN_NORM also names MLA's q_a/kv_a_layernorm
+ * (BF16); on a KDA layer it is o_norm, which is F32. */
+static k3_dtype plain_dtype_of(const k3_pentry *e, const k3_model_config *mc) {
+    switch (e->role) {
     case K3_R_KDA_A_LOG: case K3_R_KDA_DT_BIAS: case K3_R_KDA_CONV: case K3_R_ROUTER_BIAS:
-        return K3_DTYPE_F32; /* k3-architecture.md §8.2 */
+        return K3_DTYPE_F32;
+    case K3_R_ATTN_NORM:
+        return mc->layers[e->layer].attn == K3_ATTN_KDA ? K3_DTYPE_F32 : K3_DTYPE_BF16;
     default:
         return K3_DTYPE_BF16;
     }
@@ -146,7 +150,7 @@ static int k3_tiny_run(const k3_tiny_opts *o, uint64_t *bytes, k3_error *err) {
     for (size_t i = 0; i < plan.n && !rc; i++) {
         k3_emit_item *it = &items[i];
         it->e = &plan.e[i];
-        it->plain_dtype = plain_dtype_of(it->e->role);
+        it->plain_dtype = plain_dtype_of(it->e, &mc);
         if (!it->e->linear) continue;
         k3_qdecl d;
         rc = it->e->role == K3_R_EXPERT ? k3_quant_resolve_experts(&qc, it->e->layer, &d, err)

@@ -100,7 +100,7 @@ def expected(cfg, experts_fmt, attn_fp8, trunk="BF16"):
             lin(a + "f_a_proj", hd, H, attn)
             lin(a + "f_b_proj", HD, hd, attn)
             lin(a + "b_proj", nh, H, attn)
-            exp[a + "o_norm.weight"] = ("BF16", (hd,))
+            exp[a + "o_norm.weight"] = ("F32", (hd,))  # k3-architecture.md §3.1, §8.2
             lin(a + "o_proj", H, HD, trunk)  # KDA o_proj is not in the FP8 list (checkpoint-formats §7.3)
         else:
             mh, q, kv = tc["num_attention_heads"], tc["q_lora_rank"], tc["kv_lora_rank"]
