@@ -1,16 +1,20 @@
 /* k3 quantize on a BF16 make-tiny checkpoint: the output of every --to loads through the
  * validating loader, every quantized module holds exactly what k3's quantizer makes of the
  * BF16 values, every other tensor is byte-identical to the input, the selection (--only,
- * --exclude) is what the quantization config declares, and bad requests fail by name. */
+ * --exclude) is what the quantization config declares, bad requests fail by name, and an OUT
+ * that is the input (however spelled, or through links) is refused before anything is
+ * written. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "formats/block.h"
 #include "formats/fp.h"
@@ -160,9 +164,85 @@ static void test_rejects(void **s) {
     assert_non_null(strstr(e.msg, "already quantized"));
 }
 
+/* FNV-1a over the names and bytes of the regular files directly in dir (sorted, so readdir
+ * order does not matter). */
+static uint64_t dir_hash(const char *dir) {
+    struct dirent **ents;
+    int n = scandir(dir, &ents, NULL, alphasort);
+    assert_true(n > 0);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++) {
+        char p[600];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, ents[i]->d_name);
+        if (!lstat(p, &st) && S_ISREG(st.st_mode)) {
+            for (const char *c = ents[i]->d_name; *c; c++)
+                h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+            FILE *f = fopen(p, "rb");
+            assert_non_null(f);
+            for (int c; (c = fgetc(f)) != EOF;) h = (h ^ (unsigned)c) * 0x100000001b3ull;
+            fclose(f);
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    return h;
+}
+
+static void quantize_into(const char *in, const char *out, int want, const char *msg) {
+    k3_quantize_opts o = {.in = in, .out = out, .to = "nvfp4", .n_threads = 2};
+    k3_error e = {0};
+    int rc = k3_quantize_checkpoint(&o, &e);
+    if (rc != want || (msg && !strstr(e.msg, msg)))
+        fail_msg("quantize %s -> %s: expected %d '%s', got %d: %s", in, out, want, msg ? msg : "",
+                 rc, e.msg);
+}
+
+static void test_out_is_input(void **s) {
+    (void)s;
+    uint64_t h0 = dir_hash(bf16);
+    char out[400], link[400];
+    const char *same[] = {"%s", "%s/", "%s//.", "%s/../bf16"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(out, sizeof out, same[i], bf16);
+        quantize_into(bf16, out, K3_ERR_ARG, "is the input directory");
+    }
+    snprintf(link, sizeof link, "%s/bf16-link", root);
+    assert_int_equal(symlink(bf16, link), 0);
+    quantize_into(bf16, link, K3_ERR_ARG, "is the input directory");
+    quantize_into(link, bf16, K3_ERR_ARG, "is the input directory");
+    /* a different OUT whose files are links to the input's */
+    snprintf(out, sizeof out, "%s/aliased", root);
+    assert_int_equal(mkdir(out, 0755), 0);
+    char from[600], to[600];
+    snprintf(from, sizeof from, "%s/tiktoken.model", bf16);
+    snprintf(to, sizeof to, "%s/tiktoken.model", out);
+    assert_int_equal(symlink(from, to), 0);
+    quantize_into(bf16, out, K3_ERR_ARG, "is the input file");
+    assert_true(dir_hash(bf16) == h0);
+    /* OUT inside IN, and IN inside OUT: the input's files are left as they were */
+    int q, p;
+    snprintf(out, sizeof out, "%s/nested", bf16);
+    quantize_into(bf16, out, K3_OK, NULL);
+    assert_true(dir_hash(bf16) == h0);
+    check(out, K3_WFMT_NVFP4, &q, &p);
+    char outer[400], inner[450];
+    snprintf(outer, sizeof outer, "%s/outer", root);
+    snprintf(inner, sizeof inner, "%s/in", outer);
+    assert_int_equal(mkdir(outer, 0755), 0);
+    k3_tiny_opts o = {.dir = inner, .format = K3_TINY_BF16, .seed = 11, .n_threads = 2};
+    k3_error e = {0};
+    assert_int_equal(k3_make_tiny(&o, &e), K3_OK);
+    uint64_t hi = dir_hash(inner);
+    quantize_into(inner, outer, K3_OK, NULL);
+    assert_true(dir_hash(inner) == hi);
+    check(outer, K3_WFMT_NVFP4, &q, &p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_formats), cmocka_unit_test(test_selection), cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_out_is_input),
     };
     return cmocka_run_group_tests_name("quantize", tests, setup, teardown);
 }

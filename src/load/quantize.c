@@ -128,6 +128,51 @@ static int copy_side_files(const char *in, const char *out, k3_error *err) {
     return rc;
 }
 
+/* Refuses an OUT that would overwrite the input: the writers truncate in place, while the
+ * input's shards are still being read and its side files copied. The input directory
+ * however spelled (trailing slashes, symlinks, bind mounts: same device and inode), or an
+ * existing OUT holding the input's files under links. OUT nested in IN, or IN in OUT, only
+ * adds files beside or above the input's and is allowed. */
+static int check_out(const char *in, const char *out, k3_error *err) {
+    struct stat so, si;
+    if (stat(out, &so)) {
+        if (errno == ENOENT) return K3_OK;
+        return k3_fail(err, K3_ERR_IO, "%s: %s", out, strerror(errno));
+    }
+    if (!S_ISDIR(so.st_mode))
+        return k3_fail(err, K3_ERR_ARG, "quantize: OUT %s exists and is not a directory", out);
+    if (stat(in, &si)) return k3_fail(err, K3_ERR_IO, "%s: %s", in, strerror(errno));
+    if (so.st_dev == si.st_dev && so.st_ino == si.st_ino)
+        return k3_fail(err, K3_ERR_ARG, "quantize: OUT %s is the input directory %s; writing there "
+                       "would destroy the input, choose another OUT", out, in);
+    DIR *d = opendir(out);
+    if (!d) return k3_fail(err, K3_ERR_IO, "%s: %s", out, strerror(errno));
+    int rc = K3_OK;
+    for (struct dirent *de; !rc && (de = readdir(d));) {
+        char a[4096];
+        struct stat sa;
+        snprintf(a, sizeof a, "%s/%s", out, de->d_name);
+        if (stat(a, &sa) || !S_ISREG(sa.st_mode)) continue;
+        DIR *di = opendir(in);
+        if (!di) {
+            rc = k3_fail(err, K3_ERR_IO, "%s: %s", in, strerror(errno));
+            break;
+        }
+        for (struct dirent *ie; !rc && (ie = readdir(di));) {
+            char b[4096];
+            struct stat sb;
+            snprintf(b, sizeof b, "%s/%s", in, ie->d_name);
+            if (!stat(b, &sb) && S_ISREG(sb.st_mode) && sb.st_dev == sa.st_dev &&
+                sb.st_ino == sa.st_ino)
+                rc = k3_fail(err, K3_ERR_ARG, "quantize: %s is the input file %s (a link); "
+                             "writing OUT would destroy the input, choose another OUT", a, b);
+        }
+        closedir(di);
+    }
+    closedir(d);
+    return rc;
+}
+
 /* config.json of IN with quantization_config replaced (top level; any text_config copy is
  * removed so the two cannot disagree). */
 static int write_config(const char *in, const char *out, const k3_quant_config *qc, k3_error *err) {
@@ -165,6 +210,7 @@ int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
     if ((rc = compile_all(&only, o->only, o->n_only, "--only", err))) goto done;
     if ((rc = compile_all(&excl, o->exclude, o->n_exclude, "--exclude", err))) goto done;
     if ((rc = k3_checkpoint_open(&m->ck, o->in, err))) goto done;
+    if ((rc = check_out(k3_checkpoint_path(m->ck), o->out, err))) goto done;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", k3_checkpoint_path(m->ck));
     if ((rc = k3_model_config_load(&m->mc, path, err))) goto done;
