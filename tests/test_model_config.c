@@ -273,6 +273,10 @@ static void test_router_consistency(void **state) {
     cJSON_AddStringToObject(tc, "topk_method", "greedy");
     expect_error(root, K3_ERR_UNSUPPORTED, "text_config.topk_method: \"greedy\"");
     cJSON_DeleteItemFromObjectCaseSensitive(tc, "topk_method");
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "moe_renormalize");
+    cJSON_AddFalseToObject(tc, "moe_renormalize"); /* moe.md §6: the K3 gate raises */
+    expect_error(root, K3_ERR_UNSUPPORTED, "text_config.moe_renormalize: false is not supported");
+    cJSON_DeleteItemFromObjectCaseSensitive(tc, "moe_renormalize");
     set_num(tc, "first_k_dense_replace", 94);
     expect_error(root, K3_ERR_FORMAT,
                  "first_k_dense_replace: 94 is more than num_hidden_layers 93");
@@ -545,6 +549,10 @@ static void test_build_by_hand(void **state) {
         cJSON_GetObjectItemCaseSensitive(j, "text_config"), "pad_token_id")));
     cJSON_Delete(j);
     k3_model_config_free(&back);
+    mc.moe_renormalize = false; /* by hand as from the file */
+    assert_int_equal(k3_model_config_validate(&mc, "tiny", &e), K3_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "moe_renormalize"));
+    mc.moe_renormalize = true;
     mc.num_experts_per_token = 17; /* the writer validates too */
     assert_int_equal(k3_model_config_to_json(&mc, &j, &e), K3_ERR_FORMAT);
     assert_null(j);

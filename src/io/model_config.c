@@ -378,6 +378,13 @@ static int validate(const k3_model_config *mc, const char *what, const char *pfx
         return k3_fail(err, K3_ERR_UNSUPPORTED,
                        "%s: %stopk_method: only sigmoid + noaux_tc routing is supported", what,
                        pfx);
+    /* moe.md §6: the K3 gate raises on anything but sigmoid scoring with renormalized top-k
+     * weights; k3 follows it rather than run a routing no released checkpoint uses */
+    if (!mc->moe_renormalize)
+        return k3_fail(err, K3_ERR_UNSUPPORTED,
+                       "%s: %smoe_renormalize: false is not supported; the Kimi K3 gate requires "
+                       "sigmoid scoring with renormalized top-k weights (true)",
+                       what, pfx);
     if (mc->num_experts_per_token > mc->num_experts)
         return k3_fail(err, K3_ERR_FORMAT,
                        "%s: %snum_experts_per_token: %lld is more than num_experts %lld", what, pfx,

@@ -21,7 +21,7 @@
  *   mla_use_nope                  false          false is then rejected (no RoPE MLA in k3)
  *   mla_use_output_gate           false
  *   q_lora_rank                   null           null -> plain q_proj (Kimi-Linear)
- *   moe_renormalize               true
+ *   moe_renormalize               true           false is rejected (moe.md §6)
  *   moe_router_activation_func    "sigmoid"
  *   topk_method                   "noaux_tc"
  *   num_shared_experts            0
