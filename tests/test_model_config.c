@@ -277,6 +277,10 @@ static void test_router_consistency(void **state) {
     cJSON_AddFalseToObject(tc, "moe_renormalize"); /* moe.md §6: the K3 gate raises */
     expect_error(root, K3_ERR_UNSUPPORTED, "text_config.moe_renormalize: false is not supported");
     cJSON_DeleteItemFromObjectCaseSensitive(tc, "moe_renormalize");
+    set_num(tc, "num_nextn_predict_layers", 1); /* K3 has no MTP layers, no draft-head tensors */
+    expect_error(root, K3_ERR_UNSUPPORTED,
+                 "text_config.num_nextn_predict_layers: 1 is not supported");
+    set_num(tc, "num_nextn_predict_layers", 0);
     set_num(tc, "first_k_dense_replace", 94);
     expect_error(root, K3_ERR_FORMAT,
                  "first_k_dense_replace: 94 is more than num_hidden_layers 93");
@@ -337,6 +341,15 @@ static void test_flags_and_fallbacks(void **state) {
     assert_int_equal(k3_model_config_parse(&mc, root, "config.json", &e), K3_OK);
     assert_int_equal(mc.pad_token_id, -1); /* null/absent pad */
     k3_model_config_free(&mc);
+    /* no token ids anywhere: the header's table, bos 1, eos 2, no pad */
+    const char *ids[] = {"bos_token_id", "eos_token_id"};
+    for (int i = 0; i < 2; i++) {
+        cJSON_DeleteItemFromObjectCaseSensitive(root, ids[i]);
+        cJSON_DeleteItemFromObjectCaseSensitive(tc, ids[i]);
+    }
+    assert_int_equal(k3_model_config_parse(&mc, root, "config.json", &e), K3_OK);
+    assert_true(mc.bos_token_id == 1 && mc.eos_token_id == 2 && mc.pad_token_id == -1);
+    k3_model_config_free(&mc);
     cJSON *lin = cJSON_GetObjectItemCaseSensitive(tc, "linear_attn_config");
     cJSON_DeleteItemFromObjectCaseSensitive(lin, "kda_layers");
     cJSON_AddStringToObject(lin, "kda_layers", "1-91");
@@ -353,6 +366,54 @@ static void replace_list(cJSON *root, const char *key, const int *v, int n) {
     cJSON *lin = cJSON_GetObjectItemCaseSensitive(text(root), "linear_attn_config");
     cJSON_DeleteItemFromObjectCaseSensitive(lin, key);
     cJSON_AddItemToObject(lin, key, cJSON_CreateIntArray(v, n));
+}
+
+/* Parses root with stderr captured; returns what was logged (caller frees). */
+static char *parse_logging(cJSON *root) {
+    FILE *cap = tmpfile();
+    assert_non_null(cap);
+    fflush(stderr);
+    int saved = dup(fileno(stderr));
+    assert_true(saved >= 0 && dup2(fileno(cap), fileno(stderr)) >= 0);
+    k3_model_config mc;
+    k3_error e = {0};
+    int rc = k3_model_config_parse(&mc, root, "config.json", &e);
+    fflush(stderr);
+    dup2(saved, fileno(stderr));
+    close(saved);
+    if (rc)
+        fail_msg("%s", e.msg);
+    k3_model_config_free(&mc);
+    long n = ftell(cap);
+    char *log = calloc((size_t)n + 1, 1);
+    rewind(cap);
+    assert_int_equal(fread(log, 1, (size_t)n, cap), (size_t)n);
+    fclose(cap);
+    return log;
+}
+
+/* NoPE: a RoPE scaling request is dropped with one warning; Kimi-Linear's own rope_theta
+ * (the class default) with a null rope_scaling passes silently. */
+static void test_rope_ignored(void **state) {
+    (void)state;
+    cJSON *root = load("kimi_k3.json");
+    cJSON *tc = text(root);
+    set_num(tc, "rope_theta", 50000);
+    cJSON *rs = cJSON_AddObjectToObject(tc, "rope_scaling");
+    cJSON_AddStringToObject(rs, "type", "yarn");
+    cJSON_AddNumberToObject(rs, "factor", 4);
+    char *log = parse_logging(root);
+    if (!strstr(log, "warning: config.json: text_config.rope_theta and rope_scaling (\"yarn\") "
+                     "are ignored: the model has no rotary positions (NoPE)\n"))
+        fail_msg("log: %s", log);
+    assert_true(strchr(log, '\n') == log + strlen(log) - 1); /* one line */
+    free(log);
+    cJSON_Delete(root);
+    root = load("kimi_linear_48b.json");
+    log = parse_logging(root);
+    assert_string_equal(log, "");
+    free(log);
+    cJSON_Delete(root);
 }
 
 static void test_layer_lists(void **state) {
@@ -566,7 +627,7 @@ int main(void) {
         cmocka_unit_test(test_router_consistency),  cmocka_unit_test(test_model_type_and_arch),
         cmocka_unit_test(test_flags_and_fallbacks), cmocka_unit_test(test_layer_lists),
         cmocka_unit_test(test_situ_betas),          cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_build_by_hand),
+        cmocka_unit_test(test_build_by_hand),       cmocka_unit_test(test_rope_ignored),
     };
     return cmocka_run_group_tests_name("model_config", tests, NULL, NULL);
 }

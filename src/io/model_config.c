@@ -385,6 +385,11 @@ static int validate(const k3_model_config *mc, const char *what, const char *pfx
                        "%s: %smoe_renormalize: false is not supported; the Kimi K3 gate requires "
                        "sigmoid scoring with renormalized top-k weights (true)",
                        what, pfx);
+    if (mc->num_nextn_predict_layers != 0)
+        return k3_fail(err, K3_ERR_UNSUPPORTED,
+                       "%s: %snum_nextn_predict_layers: %lld is not supported; Kimi K3 has no MTP "
+                       "layers (0) and k3 loads no draft-head tensors",
+                       what, pfx, (long long)mc->num_nextn_predict_layers);
     if (mc->num_experts_per_token > mc->num_experts)
         return k3_fail(err, K3_ERR_FORMAT,
                        "%s: %snum_experts_per_token: %lld is more than num_experts %lld", what, pfx,
@@ -523,6 +528,20 @@ static int parse_text(k3_model_config *mc, const src *s0, int64_t **kda, int64_t
                        "%s: %stopk_method: \"%s\" is not supported (expected \"noaux_tc\")", s.file,
                        s.pfx, topk);
     mc->route_fn = K3_ROUTE_NOAUX_TC;
+    /* K3 and Kimi-Linear are NoPE, so RoPE scaling (a YaRN context extension, say) has nothing
+     * to act on; the user asked for it, so say it is dropped. A bare rope_theta is the config
+     * class's default, carried by Kimi-Linear's own file, and passes without a word. */
+    const cJSON *rs = item(s.obj, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs)) {
+        const cJSON *ty = item(rs, "type");
+        if (!cJSON_IsString(ty))
+            ty = item(rs, "rope_type");
+        bool theta = item(s.obj, "rope_theta") && !cJSON_IsNull(item(s.obj, "rope_theta"));
+        k3_warn("%s: %s%srope_scaling%s%s%s %s ignored: the model has no rotary positions (NoPE)",
+                s.file, s.pfx, theta ? "rope_theta and " : "", cJSON_IsString(ty) ? " (\"" : "",
+                cJSON_IsString(ty) ? ty->valuestring : "", cJSON_IsString(ty) ? "\")" : "",
+                theta ? "are" : "is");
+    }
     if ((rc = read_layer_list(&s, "kda_layers", kda, nk, err)))
         return rc;
     return read_layer_list(&s, "full_attn_layers", mla, nm, err);

@@ -30,14 +30,17 @@
  *   moe_layer_freq                1
  *   use_grouped_topk              true
  *   num_expert_group / topk_group 1 / 1
- *   num_nextn_predict_layers      0
+ *   num_nextn_predict_layers      0              other values are rejected (no MTP in K3)
  *   attn_res_block_size           null           null -> plain pre-norm residual
  *   latent_moe_use_norm           false
  *   routed_expert_hidden_size     null           null -> experts at hidden_size
  *   linear_attn_config.use_full_rank_gate  false -> low-rank g_a_proj/g_b_proj
  *   linear_attn_config.gate_lower_bound    null  -> softplus decay (Kimi-Linear)
  *   tie_word_embeddings           false
- *   bos / eos / pad_token_id      1 / 2 / 0
+ *   bos / eos_token_id            1 / 2
+ *   pad_token_id                  -1 (none)      when null or absent everywhere; not the
+ *                                                class's 0, a real token id k3 would then
+ *                                                pad with unasked
  *   initializer_range, use_cache  0.02, true     carried for the writer only
  * Required (error `config.json: text_config.FIELD: missing`): vocab_size, hidden_size,
  * intermediate_size, num_hidden_layers, num_attention_heads, kv_lora_rank,
@@ -47,8 +50,9 @@
  * activation_situ_linear_beta when hidden_act is "situ".
  *
  * Left out: the vision config (k3 is text-only), RoPE parameters (K3 and Kimi-Linear are
- * NoPE; rope_theta/rope_scaling are ignored), the tokenizer, and the quantization_config
- * (src/io/quant_config.h reads it). Cross-checks against tensor shapes are the loader's. */
+ * NoPE; rope_theta/rope_scaling are ignored, a non-null rope_scaling with a warning), the
+ * tokenizer, and the quantization_config (src/io/quant_config.h reads it). Cross-checks
+ * against tensor shapes are the loader's. */
 #ifndef K3_MODEL_CONFIG_H
 #define K3_MODEL_CONFIG_H
 
@@ -136,7 +140,7 @@ typedef struct k3_model_config {
     int64_t attn_res_block_size; /* 0: plain pre-norm residuals */
     int64_t num_nextn_predict_layers;
     bool tie_word_embeddings;
-    int64_t bos_token_id, eos_token_id, pad_token_id; /* in [0, vocab); pad -1 when null */
+    int64_t bos_token_id, eos_token_id, pad_token_id; /* in [0, vocab); pad -1: none */
     double initializer_range;
     bool use_cache;
 
