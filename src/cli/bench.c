@@ -145,10 +145,16 @@ static int bench_moe(int argc, char **argv) {
     const char *cmd = "bench moe", *out = "md";
     int tokens[MAX_TOKENS] = {1, 8, 64, 256, 2048}, n_tokens = 5;
     k3_bench_moe_opts o = {0};
+    /* the options that take a value: one of them without it is a missing value, anything
+     * else an unknown option */
+    static const char *const with_value[][2] = {
+        {"-m", "--model"}, {NULL, "--layer"},   {NULL, "--preset"},  {NULL, "--tokens"},
+        {NULL, "--backend"}, {NULL, "--format"}, {NULL, "--act"},    {NULL, "--isa"},
+        {NULL, "--experts"}, {NULL, "--mem-gib"}, {"-t", "--threads"}, {"-r", "--repeats"},
+        {NULL, "--warmup"}, {"-s", "--seed"},   {"-o", "--output"}};
     int layer_set = 0;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         long n;
         double g;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -159,8 +165,11 @@ static int bench_moe(int argc, char **argv) {
             o.warm = 1;
             continue;
         }
-        if (!v) return cli_fail(cmd, "%s: unknown option, or its value is missing (see k3 bench moe -h)", a);
-        i++;
+        int known = -1;
+        for (int j = 0; j < (int)(sizeof with_value / sizeof *with_value); j++)
+            if (cli_is_opt(a, with_value[j][0], with_value[j][1])) known = j;
+        if (known < 0) return cli_fail_unknown(cmd, a);
+        if (!(v = cli_value(cmd, argc, argv, &i))) return 1;
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o.model_dir = v;
         else if (!strcmp(a, "--layer")) {
@@ -199,7 +208,7 @@ static int bench_moe(int argc, char **argv) {
                 return cli_fail(cmd, "-o: expected md, csv or json, got '%s'", v);
             out = v;
         } else
-            return cli_fail(cmd, "unknown option '%s' (see k3 bench moe -h)", a);
+            return cli_fail_unknown(cmd, a);
     }
     if (o.model_dir && !layer_set) o.layer = 1; /* Kimi K3 and Kimi-Linear: layer 0 is dense */
     if (layer_set && !o.model_dir) return cli_fail(cmd, "--layer needs -m DIR");

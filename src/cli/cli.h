@@ -24,6 +24,14 @@ int cli_fail_err(const char *cmd, const k3_error *err);
 /* Whether argument s is the flag short_form (may be NULL: no short form) or long_form. */
 int cli_is_opt(const char *s, const char *short_form, const char *long_form);
 
+/* The value of the option at argv[*i], advancing *i past it; NULL after printing
+ * "<option>: missing value" when it is the last argument. Telling that apart from an unknown
+ * option is why commands match the option first and take its value second. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+
+/* Prints "k3 <cmd>: unknown option '<opt>' (see k3 <cmd> -h)"; returns 1. */
+int cli_fail_unknown(const char *cmd, const char *opt);
+
 /* Strict numeric flag parsing: the whole string must be a number in range, else an error
  * naming the flag. */
 int cli_parse_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);

@@ -62,6 +62,18 @@ int cli_is_opt(const char *s, const char *short_form, const char *long_form) {
     return (short_form && !strcmp(s, short_form)) || !strcmp(s, long_form);
 }
 
+const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        cli_fail(cmd, "%s: missing value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_fail_unknown(const char *cmd, const char *opt) {
+    return cli_fail(cmd, "unknown option '%s' (see k3 %s -h)", opt, cmd);
+}
+
 int cli_parse_int(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;

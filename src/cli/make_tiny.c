@@ -17,24 +17,27 @@ static void usage(FILE *f) {
 int cli_make_tiny(int argc, char **argv) {
     k3_make_tiny_opts o = {.format = "nvfp4", .preset = "tiny", .progress = 1};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        long v;
+        const char *a = argv[i], *v;
+        long n;
         if (cli_is_opt(a, "-h", "--help")) {
             usage(stdout);
             return 0;
-        } else if (cli_is_opt(a, "-f", "--format") && i + 1 < argc) {
-            o.format = argv[++i];
-        } else if (cli_is_opt(a, "-P", "--preset") && i + 1 < argc) {
-            o.preset = argv[++i];
-        } else if (cli_is_opt(a, "-s", "--seed") && i + 1 < argc) {
-            if (cli_parse_int("make-tiny", a, argv[++i], 0, 2147483647L, &v)) return 1;
-            o.seed = (uint64_t)v;
-        } else if (cli_is_opt(a, "-t", "--threads") && i + 1 < argc) {
-            if (cli_parse_int("make-tiny", a, argv[++i], 0, 256, &v)) return 1;
-            o.n_threads = (int)v;
+        } else if (cli_is_opt(a, "-f", "--format")) {
+            if (!(o.format = cli_value("make-tiny", argc, argv, &i))) return 1;
+        } else if (cli_is_opt(a, "-P", "--preset")) {
+            if (!(o.preset = cli_value("make-tiny", argc, argv, &i))) return 1;
+        } else if (cli_is_opt(a, "-s", "--seed")) {
+            if (!(v = cli_value("make-tiny", argc, argv, &i)) ||
+                cli_parse_int("make-tiny", a, v, 0, 2147483647L, &n))
+                return 1;
+            o.seed = (uint64_t)n;
+        } else if (cli_is_opt(a, "-t", "--threads")) {
+            if (!(v = cli_value("make-tiny", argc, argv, &i)) ||
+                cli_parse_int("make-tiny", a, v, 0, 256, &n))
+                return 1;
+            o.n_threads = (int)n;
         } else if (a[0] == '-') {
-            usage(stderr);
-            return cli_fail("make-tiny", "unknown option or missing value: %s", a);
+            return cli_fail_unknown("make-tiny", a);
         } else if (!o.dir) {
             o.dir = a;
         } else {
