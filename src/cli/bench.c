@@ -17,7 +17,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: k3 bench moe [options]\n"
-            "  -m, --model DIR        time this checkpoint's routed experts (instead of --preset)\n"
+            "  -m, --model DIR        time this checkpoint's routed experts as stored (instead of\n"
+            "                         the synthetic layer of --preset, --format, --experts, --mem-gib)\n"
             "      --layer L          the MoE layer of -m (default 1)\n"
             "      --preset NAME      k3-layer: 896 experts, top-16, H=3584, I=3072 (default)\n"
             "      --tokens LIST      token counts (default 1,8,64,256,2048)\n"
@@ -25,8 +26,10 @@ static void usage(FILE *f) {
             "      --format NAME      nvfp4 | mxfp4 | bf16 (default nvfp4)\n"
             "      --act MODE         w4a16 | w4a4 | w4a8 | w4a16-bf16 (default w4a16)\n"
             "      --isa NAME         auto | scalar | avx2 | avx512 (default auto)\n"
-            "      --experts N        experts built in memory (default: as many as fit --mem-gib)\n"
-            "      --mem-gib G        memory for expert weights (default 6)\n"
+            "      --experts N        experts built in memory, at most the layer's 896\n"
+            "                         (default: as many as fit --mem-gib)\n"
+            "      --mem-gib G        memory for expert weights; given with --experts, a cap that\n"
+            "                         they must fit (default 6)\n"
             "  -t, --threads N        threads (default: all online CPUs)\n"
             "  -r, --repeats N        timed repeats after warm-up (default 5)\n"
             "      --warmup N         untimed runs first (default 1; on a GPU continued until\n"
@@ -145,13 +148,17 @@ static int bench_moe(int argc, char **argv) {
     const char *cmd = "bench moe", *out = "md";
     int tokens[MAX_TOKENS] = {1, 8, 64, 256, 2048}, n_tokens = 5;
     k3_bench_moe_opts o = {0};
-    /* the options that take a value: one of them without it is a missing value, anything
-     * else an unknown option */
-    static const char *const with_value[][2] = {
-        {"-m", "--model"}, {NULL, "--layer"},   {NULL, "--preset"},  {NULL, "--tokens"},
-        {NULL, "--backend"}, {NULL, "--format"}, {NULL, "--act"},    {NULL, "--isa"},
-        {NULL, "--experts"}, {NULL, "--mem-gib"}, {"-t", "--threads"}, {"-r", "--repeats"},
-        {NULL, "--warmup"}, {"-s", "--seed"},   {"-o", "--output"}};
+    /* the options that take a value; those that only shape the synthetic layer are marked, as
+     * -m replaces that layer with the checkpoint's */
+    static const struct {
+        const char *s, *l;
+        int synthetic;
+    } with_value[] = {{"-m", "--model", 0},   {NULL, "--layer", 0},   {NULL, "--preset", 1},
+                      {NULL, "--tokens", 0},  {NULL, "--backend", 0}, {NULL, "--format", 1},
+                      {NULL, "--act", 0},     {NULL, "--isa", 0},     {NULL, "--experts", 1},
+                      {NULL, "--mem-gib", 1}, {"-t", "--threads", 0}, {"-r", "--repeats", 0},
+                      {NULL, "--warmup", 0},  {"-s", "--seed", 0},    {"-o", "--output", 0}};
+    const char *synthetic = NULL; /* the first such option given */
     int layer_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -167,9 +174,10 @@ static int bench_moe(int argc, char **argv) {
         }
         int known = -1;
         for (int j = 0; j < (int)(sizeof with_value / sizeof *with_value); j++)
-            if (cli_is_opt(a, with_value[j][0], with_value[j][1])) known = j;
+            if (cli_is_opt(a, with_value[j].s, with_value[j].l)) known = j;
         if (known < 0) return cli_fail_unknown(cmd, a);
         if (!(v = cli_value(cmd, argc, argv, &i))) return 1;
+        if (with_value[known].synthetic && !synthetic) synthetic = a;
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o.model_dir = v;
         else if (!strcmp(a, "--layer")) {
@@ -210,6 +218,10 @@ static int bench_moe(int argc, char **argv) {
         } else
             return cli_fail_unknown(cmd, a);
     }
+    if (o.model_dir && synthetic)
+        return cli_fail(cmd, "%s: describes the synthetic K3 layer, which -m %s replaces with the "
+                             "checkpoint's experts as stored (give one or the other)",
+                        synthetic, o.model_dir);
     if (o.model_dir && !layer_set) o.layer = 1; /* Kimi K3 and Kimi-Linear: layer 0 is dense */
     if (layer_set && !o.model_dir) return cli_fail(cmd, "--layer needs -m DIR");
     k3_bench_moe_row rows[MAX_TOKENS];

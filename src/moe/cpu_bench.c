@@ -412,7 +412,18 @@ static int parse_opts(const k3_bench_moe_opts *o, k3_wfmt *fmt, k3_act_mode *mod
     if (!k3_cpu_isa_available(*isa))
         return k3_fail(err, K3_ERR_UNSUPPORTED, "isa %s: not supported by this CPU", i);
     if (*isa == K3_ISA_AUTO) *isa = k3_cpu_isa_best();
-    if (!strcmp(be, "cuda") || !strcmp(be, "cuda-fused"))
+    int gpu = !strcmp(be, "cuda") || !strcmp(be, "cuda-fused");
+    /* bench_cuda times its own device-resident bank of every expert: a checkpoint or a
+     * host bank size given with it would go unused */
+    if (gpu && o->model_dir)
+        return k3_fail(err, K3_ERR_UNSUPPORTED,
+                       "backend %s: times synthetic device-resident experts, not a checkpoint's "
+                       "(model_dir %s)", be, o->model_dir);
+    if (gpu && (o->experts_built || o->mem_budget_gib > 0))
+        return k3_fail(err, K3_ERR_ARG,
+                       "backend %s: every expert is resident on the device; a count of experts "
+                       "to build or a memory budget sizes only the CPU backends' bank", be);
+    if (gpu)
         return k3_have_cuda() ? K3_OK
                               : k3_fail(err, K3_ERR_UNSUPPORTED,
                                         "backend %s: not built/available (this k3 was built "
@@ -537,16 +548,27 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     per += d + sc;
     mat_sizes(fmt, H, I, &d, &sc);
     per += d + sc;
-    int fit = (int)(budget / (double)per);
-    b.n = o->experts_built ? o->experts_built : (fit < E ? fit : E);
-    if (b.n > E) b.n = E;
-    if (mex) b.n = mex->n_local;
-    if (b.n < k) {
+    double fit = floor(budget / (double)per); /* double: a huge budget overflows an int */
+    b.n = mex ? mex->n_local : o->experts_built ? o->experts_built : fit < E ? (int)fit : E;
+    /* an explicit count is what the caller asked for: one the layer cannot hold or the budget
+     * the caller also gave cannot fit is an error, never a quietly different bank */
+    if (!mex && b.n > E)
+        rc = k3_fail(err, K3_ERR_ARG, "experts: %d to build, but the layer has only %d", b.n, E);
+    else if (!mex && o->experts_built && o->mem_budget_gib > 0 && b.n > fit)
+        rc = k3_fail(err, K3_ERR_LIMIT,
+                     "experts: %d need %.2f GiB (%.1f MB each), more than the memory budget of "
+                     "%.2f GiB", b.n, (double)b.n * (double)per / 1073741824.0, (double)per / 1e6,
+                     o->mem_budget_gib);
+    else if (!mex && o->experts_built && b.n < k)
+        rc = k3_fail(err, K3_ERR_ARG, "experts: %d built is fewer than top_k %d", b.n, k);
+    else if (b.n < k)
+        rc = k3_fail(err, K3_ERR_LIMIT,
+                     "experts: %d built (%.2f GiB budget, %.1f MB each) is fewer than top_k %d",
+                     b.n, budget / 1073741824.0, (double)per / 1e6, k);
+    if (rc) {
         k3_threadpool_free(pool);
         k3_model_close(model);
-        return k3_fail(err, K3_ERR_LIMIT,
-                       "experts: %d built (%.2f GiB budget, %.1f MB each) is fewer than top_k %d",
-                       b.n, budget / 1073741824.0, (double)per / 1e6, k);
+        return rc;
     }
 
     probe pr = {.isa = isa};

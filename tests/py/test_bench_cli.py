@@ -100,3 +100,41 @@ def test_flop_fraction_within_peak(tiny, isa):
     r = json.loads(p.stdout)
     assert r["isa"] == isa
     assert 0 < r["rows"][0]["flop_fraction"] <= 1, (r["fma_gflops"], r["rows"][0]["gflops"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--experts", "1000"], "experts: 1000 to build, but the layer has only 896"),
+    (["--experts", "800", "--mem-gib", "0.4"], "more than the memory budget of 0.40 GiB"),
+    (["--experts", "10"], "experts: 10 built is fewer than top_k 16"),
+    (["--backend", "cuda", "--experts", "3"], "every expert is resident on the device"),
+    (["--backend", "cuda-fused", "--mem-gib", "1"], "every expert is resident on the device"),
+])
+def test_bench_bank_size_is_never_clamped(args, needle):
+    """An explicit --experts is built as given or refused: never cut to the layer's 896
+    experts, never past an explicit --mem-gib, never dropped by a backend that keeps its own
+    bank (said before the probes and the weights are built)."""
+    p = k3("bench", "moe", "--tokens", "1", "-r", "1", *args)
+    assert p.returncode == 1
+    assert needle in p.stderr, p.stderr
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("opt", [["--preset", "k3-layer"], ["--format", "mxfp4"], ["--experts", "4"],
+                                 ["--mem-gib", "1"]])
+@pytest.mark.parametrize("first", [True, False])
+def test_bench_model_refuses_synthetic_options(tiny, opt, first):
+    """-m times the checkpoint's experts as stored, so an option that describes the synthetic
+    layer would be ignored: an error naming it, in either order."""
+    m = ["-m", tiny]
+    p = k3("bench", "moe", *(opt + m if first else m + opt), "--tokens", "1", "-r", "1")
+    assert p.returncode == 1
+    assert f"{opt[0]}: describes the synthetic K3 layer" in p.stderr, p.stderr
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("be", ["cuda", "cuda-fused"])
+def test_bench_gpu_refuses_model(tiny, be):
+    p = k3("bench", "moe", "--backend", be, "-m", tiny, "--tokens", "1", "-r", "1")
+    assert p.returncode == 1
+    assert f"backend {be}: times synthetic device-resident experts, not a checkpoint's" in p.stderr, p.stderr
+    assert p.stdout == ""
