@@ -2,8 +2,8 @@
  * writes the result, so any backend can be checked against the float64 reference (or
  * against another engine) from the shell.
  *
- *   in:  x [T, width] BF16 or F32; with --experts-only also topk_ids I32 [T, k] and
- *        topk_weights F32 [T, k]
+ *   in:  x [T, width] BF16 or F32; with --experts-only also topk_ids I32 [T, k] (k distinct
+ *        experts per token, k not above the expert count) and topk_weights F32 [T, k]
  *   out: y [T, width] F32, topk_ids I32 [T, k], topk_weights F32 [T, k]
  *
  * The whole block (router, latent projections and norm, shared expert) runs by default;
@@ -53,6 +53,7 @@ static void usage(FILE *f) {
             "      --ep-size R      expert-parallel ranks                          (default 1)\n"
             "      --ep-rank r      run only rank r (needs --experts-only)  (default: all ranks)\n"
             "      --experts-only   x is the latent; routing comes from the input file\n"
+            "                       (k distinct experts per token; k may differ from the layer's)\n"
             "  -t, --threads N      CPU threads, 0 = all CPUs                      (default 0)\n");
 }
 
@@ -277,6 +278,43 @@ static int write_out(const char *path, const float *y, int T, int width, const i
     return 0;
 }
 
+/* --experts-only routing must be one a router can make: k distinct experts per token.
+ * k itself may differ from the layer's top-k: the routed-expert operator is a weighted sum
+ * over whichever experts a token names, every backend takes k as a call parameter (moe.md
+ * §3.1: top-k is only a sizing parameter of the MoE kernels; §4.3 compares them at k = 1, 2
+ * and 16), and k = 1 with weight 1 isolates one expert for checking against another engine. An
+ * expert named twice in one token is not such a routing (it would be summed twice), nor is
+ * a k above the expert count, which forces a repeat. Out-of-range ids are left to the
+ * operator's input check, which names them. */
+static int check_routing(const char *path, const int32_t *ids, int64_t T, int k, int n_experts) {
+    if (k > n_experts)
+        return cli_fail(CMD, "%s: topk_ids: %d ids per token, more than the layer's %d experts "
+                        "(a token names each expert at most once)", path, k, n_experts);
+    int64_t *token = malloc((size_t)n_experts * sizeof *token); /* last token naming expert e */
+    int *slot = malloc((size_t)n_experts * sizeof *slot);       /* and in which slot */
+    if (!token || !slot) {
+        free(token), free(slot);
+        return cli_fail(CMD, "out of memory checking the routing of %d experts", n_experts);
+    }
+    for (int e = 0; e < n_experts; e++)
+        token[e] = -1;
+    int rc = 0;
+    for (int64_t t = 0; t < T && !rc; t++)
+        for (int j = 0; j < k && !rc; j++) {
+            int32_t e = ids[t * k + j];
+            if (e < 0 || e >= n_experts)
+                continue;
+            if (token[e] == t)
+                rc = cli_fail(CMD, "%s: topk_ids[%lld]: expert %d is named twice (slots %d and "
+                              "%d); a token's k experts must be distinct", path, (long long)t, e,
+                              slot[e], j);
+            token[e] = t;
+            slot[e] = j;
+        }
+    free(token), free(slot);
+    return rc;
+}
+
 /* ---- the command -------------------------------------------------------------------- */
 
 typedef struct moe_run {
@@ -334,6 +372,8 @@ static int run(const moe_args *a, moe_run *r) {
                         &kc))
             return 1;
         K = (int)kc;
+        if (check_routing(a->in, r->ids, T, K, b->experts.n_experts))
+            return 1;
     } else {
         r->ids = malloc(((size_t)T * (size_t)K + 1) * sizeof *r->ids);
         r->w = malloc(((size_t)T * (size_t)K + 1) * sizeof *r->w);
@@ -378,11 +418,16 @@ static int run(const moe_args *a, moe_run *r) {
                             (double)r->y[i]);
     if (write_out(a->out, r->y, (int)T, width, r->ids, r->w, K))
         return 1;
+    char what[64] = "whole block";
+    if (a->experts_only && K == b->router.top_k)
+        snprintf(what, sizeof what, "experts only, k %d", K);
+    else if (a->experts_only) /* legitimate (check_routing), but not what the model runs */
+        snprintf(what, sizeof what, "experts only, k %d (the layer's router picks %d)", K,
+                 b->router.top_k);
     fprintf(
         stderr,
         "k3 moe: layer %d, %lld tokens, %s, backend %s, %s, experts [%d, %d) of %d: %.3f s -> %s\n",
-        layer, (long long)T, a->experts_only ? "experts only" : "whole block", a->backend,
-        k3_act_mode_name(be.mode), b->experts.first_local,
+        layer, (long long)T, what, a->backend, k3_act_mode_name(be.mode), b->experts.first_local,
         b->experts.first_local + b->experts.n_local, b->experts.n_experts, dt, a->out);
     return 0;
 }

@@ -227,3 +227,45 @@ def test_wrong_width(tiny, tmp_path):
     save_file({"x": np.zeros((2, 100), np.float32)}, str(tmp_path / "x.safetensors"))
     p = k3("moe", "-m", tiny, "--layer", 1, "--in", tmp_path / "x.safetensors", "--out", tmp_path / "y.safetensors")
     assert p.returncode != 0 and "x: expected shape [T, 256]" in p.stderr, p.stderr
+
+
+def experts_only(tiny, tmp_path, ids, w, *args, name="e"):
+    """Runs --experts-only on a fixed latent x with the given routing; returns the process and
+    y (None when it failed)."""
+    x = np.random.default_rng(5).standard_normal((len(ids), 128)).astype(np.float32)
+    save_file({"x": x, "topk_ids": np.asarray(ids, np.int32), "topk_weights": np.asarray(w, np.float32)},
+              str(tmp_path / f"{name}_in.safetensors"))
+    out = tmp_path / f"{name}_out.safetensors"
+    p = k3("moe", "-m", tiny, "--layer", 1, "--in", tmp_path / f"{name}_in.safetensors", "--out", out,
+           "--experts-only", *args)
+    return p, (load_file(str(out))["y"] if p.returncode == 0 else None)
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_experts_only_duplicate_id(tiny, tmp_path, backend):
+    """A router picks k distinct experts; a token naming one twice would have it summed twice."""
+    p, y = experts_only(tiny, tmp_path, [[0, 1, 2, 3], [4, 5, 4, 7]], np.full((2, 4), 0.25), "--backend", backend)
+    assert p.returncode == 1 and y is None
+    assert "topk_ids[1]: expert 4 is named twice (slots 0 and 2)" in p.stderr, p.stderr
+    assert not (tmp_path / "e_out.safetensors").exists()
+
+
+def test_experts_only_k_above_expert_count(tiny, tmp_path):
+    """17 ids from 16 experts cannot be distinct: said as such, before any id is looked at."""
+    p, _ = experts_only(tiny, tmp_path, [list(range(16)) + [15]], np.full((1, 17), 1 / 17))
+    assert p.returncode == 1
+    assert "17 ids per token, more than the layer's 16 experts" in p.stderr, p.stderr
+
+
+def test_experts_only_k_other_than_the_routers(tiny, tmp_path):
+    """The tiny layer's router picks 4; the experts operator is a weighted sum over whatever
+    k experts a token names, so k = 1 (one expert alone) and k = 2 run, are said in the
+    summary line, and k = 2 is the weighted sum of the two k = 1 results."""
+    p1, y1 = experts_only(tiny, tmp_path, [[3]], [[1.0]], name="a")
+    p2, y2 = experts_only(tiny, tmp_path, [[9]], [[1.0]], name="b")
+    p3, y3 = experts_only(tiny, tmp_path, [[3, 9]], [[0.3, 0.7]], name="ab")
+    for p in (p1, p2, p3):
+        assert p.returncode == 0, p.stderr
+    assert "k 1 (the layer's router picks 4)" in p1.stderr, p1.stderr
+    assert "k 2 (the layer's router picks 4)" in p3.stderr, p3.stderr
+    assert rel(y3, 0.3 * f64(y1) + 0.7 * f64(y2)) <= 1e-6  # float rounding of the three outputs
