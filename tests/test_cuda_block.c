@@ -214,6 +214,17 @@ static void test_not_latent(void **state) {
     gfree(&g);
 }
 
+/* latent_moe_use_norm false: the expert sum goes straight to the up-projection */
+static void test_latent_without_norm(void **state) {
+    (void)state;
+    NEED_GPU();
+    gblock g;
+    build(&g, K3_WFMT_BF16, K3_WFMT_NVFP4, true, 7);
+    g.b.latent_norm = NULL;
+    compare(&g, "no-norm dense=bf16 experts=nvfp4", K3_MODE_W4A16, 1e-5);
+    gfree(&g);
+}
+
 static void test_w4a4(void **state) {
     (void)state;
     NEED_GPU();
@@ -262,7 +273,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_dense_nvfp4_experts), cmocka_unit_test(test_fp8_dense_mxfp4_experts),
         cmocka_unit_test(test_fp8_dense_nvfp4_experts),  cmocka_unit_test(test_nvfp4_dense_mxfp4_experts),
-        cmocka_unit_test(test_not_latent),               cmocka_unit_test(test_w4a4),
+        cmocka_unit_test(test_not_latent),               cmocka_unit_test(test_latent_without_norm),
+        cmocka_unit_test(test_w4a4),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -126,6 +126,8 @@ static int build(const k3_moe_block *b, k3_cuda_block *cb, k3_error *err) {
     if (b->latent) {
         if ((rc = k3_dense_upload(&b->latent_down, "latent down-projection", H, W, &cb->down, err))) return rc;
         if ((rc = k3_dense_upload(&b->latent_up, "latent up-projection", W, H, &cb->up, err))) return rc;
+    }
+    if (b->latent && b->latent_norm) { /* none: latent_moe_use_norm false, r goes straight to up */
         float *nw = (float *)malloc((size_t)H * sizeof *nw);
         if (!nw) return k3_fail(err, K3_ERR_NOMEM, "latent norm weight [%d]", H);
         for (int i = 0; i < H; i++)
@@ -210,8 +212,10 @@ extern "C" int k3_cuda_block_run(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mo
     if (cb->latent) {
         if ((rc = k3_dense_gemm(&cb->down, d_x, T, cb->z, 0, 0, st, err))) return rc;
         if ((rc = k3_cuda_moe_run(cb->moe, b, mode, cb->z, T, d_ids, d_w, cb->K, cb->r, stream, err))) return rc;
-        k_rmsnorm<<<T, 256, 0, st>>>(cb->r, cb->H, cb->norm_w, cb->eps);
-        K3_CUDA_TRY(err, cudaGetLastError());
+        if (cb->norm_w) {
+            k_rmsnorm<<<T, 256, 0, st>>>(cb->r, cb->H, cb->norm_w, cb->eps);
+            K3_CUDA_TRY(err, cudaGetLastError());
+        }
         if ((rc = k3_dense_gemm(&cb->up, cb->r, T, d_y, 0, 0, st, err))) return rc;
     } else if ((rc = k3_cuda_moe_run(cb->moe, b, mode, d_x, T, d_ids, d_w, cb->K, d_y, stream, err))) {
         return rc;

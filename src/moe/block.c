@@ -124,10 +124,7 @@ static int check_qmat(const k3_qmat *m, const char *name, int64_t rows, int64_t 
     return K3_OK;
 }
 
-/* norm_optional: k3_moe_block_forward runs a latent block without routed_expert_norm
- * (latent_moe_use_norm false: the expert sum goes straight to latent_up, §5.4); the public
- * check is also the CUDA block's, which always normalizes, so there it is refused. */
-static int check_block(const k3_moe_block *b, k3_act_mode mode, bool norm_optional, k3_error *err) {
+int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err) {
     int rc, W = b->model_width, H = b->experts.hidden;
     if (W <= 0)
         return k3_fail(err, K3_ERR_SHAPE, "moe block: model_width must be > 0, found %d", W);
@@ -145,11 +142,6 @@ static int check_block(const k3_moe_block *b, k3_act_mode mode, bool norm_option
             return rc;
         if ((rc = check_qmat(&b->latent_up, "latent up-projection", W, H, err)))
             return rc;
-        if (!b->latent_norm && !norm_optional)
-            return k3_fail(err, K3_ERR_UNSUPPORTED,
-                           "moe block: latent norm weight is absent (latent_moe_use_norm false): "
-                           "only the ref and cpu backends run a latent MoE without "
-                           "routed_expert_norm; the cuda block always applies it");
         if (b->latent_norm && b->latent_norm_fmt != K3_WFMT_F32 &&
             b->latent_norm_fmt != K3_WFMT_BF16 && b->latent_norm_fmt != K3_WFMT_F16)
             return k3_fail(err, K3_ERR_DTYPE,
@@ -180,10 +172,6 @@ static int check_block(const k3_moe_block *b, k3_act_mode mode, bool norm_option
             return rc;
     }
     return K3_OK;
-}
-
-int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err) {
-    return check_block(b, mode, false, err);
 }
 
 /* ---- the block --------------------------------------------------------------------- */
@@ -218,7 +206,7 @@ int k3_moe_block_forward(const k3_moe_block *b, const k3_moe_backend *be, const 
                          float *y, int32_t *ids_out, float *w_out, k3_error *err) {
     if (!b || !be || !be->experts)
         return k3_fail(err, K3_ERR_ARG, "moe block: block and backend operator are required");
-    int rc = check_block(b, be->mode, true, err);
+    int rc = k3_moe_block_validate(b, be->mode, err);
     if (rc)
         return rc;
     if (T < 0)

@@ -199,10 +199,7 @@ typedef struct k3_moe_backend {
 int k3_moe_block_forward(const k3_moe_block *b, const k3_moe_backend *be, const float *x, int T,
                          float *y, int32_t *ids, float *w, k3_error *err);
 
-/* Checks a block: router, experts (for be->mode), latent and shared shapes and formats.
- * This is the check of the device runners (the CUDA block), which always apply the latent
- * norm: a latent block with latent_norm NULL is K3_ERR_UNSUPPORTED here, though
- * k3_moe_block_forward runs it. */
+/* Checks a block: router, experts (for be->mode), latent and shared shapes and formats. */
 int k3_moe_block_validate(const k3_moe_block *b, k3_act_mode mode, k3_error *err);
 
 #endif
