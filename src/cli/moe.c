@@ -85,7 +85,7 @@ static int parse(int argc, char **argv, moe_args *a, int *help) {
         for (int j = 0; j < (int)(sizeof with_value / sizeof *with_value); j++)
             if (cli_is_opt(s, with_value[j][0], with_value[j][1])) known = j;
         if (known < 0)
-            return cli_fail(CMD, "unknown option: %s", s);
+            return cli_fail_unknown(CMD, s);
         if (seen & (1u << known))
             return cli_fail(CMD, "%s: given twice", s);
         seen |= 1u << known;
@@ -121,7 +121,7 @@ static int parse(int argc, char **argv, moe_args *a, int *help) {
             if (cli_parse_int(CMD, s, v, 0, 1024, &a->threads))
                 return 1;
         } else {
-            return cli_fail(CMD, "unknown option: %s", s);
+            return cli_fail_unknown(CMD, s);
         }
     }
     if (!a->model)
@@ -435,10 +435,7 @@ static int run(const moe_args *a, moe_run *r) {
 int cli_moe(int argc, char **argv) {
     moe_args a;
     int help = 0;
-    if (parse(argc, argv, &a, &help)) {
-        usage(stderr);
-        return 1;
-    }
+    if (parse(argc, argv, &a, &help)) return 1; /* the error names the option and points at -h */
     if (help) {
         usage(stdout);
         return 0;

@@ -26,21 +26,21 @@ int cli_quantize(int argc, char **argv) {
         if (cli_is_opt(a, "-h", "--help")) {
             usage(stdout);
             return 0;
-        } else if (cli_is_opt(a, "-T", "--to") && i + 1 < argc) {
-            o.to = argv[++i];
-        } else if (cli_is_opt(a, NULL, "--only") && i + 1 < argc) {
+        } else if (cli_is_opt(a, "-T", "--to")) {
+            if (!(o.to = cli_value("quantize", argc, argv, &i))) return 1;
+        } else if (cli_is_opt(a, NULL, "--only")) {
             if (o.n_only == MAX_PATTERNS) return cli_fail("quantize", "--only: at most %d patterns", MAX_PATTERNS);
-            only[o.n_only++] = argv[++i];
-        } else if (cli_is_opt(a, NULL, "--exclude") && i + 1 < argc) {
+            if (!(only[o.n_only++] = cli_value("quantize", argc, argv, &i))) return 1;
+        } else if (cli_is_opt(a, NULL, "--exclude")) {
             if (o.n_exclude == MAX_PATTERNS)
                 return cli_fail("quantize", "--exclude: at most %d patterns", MAX_PATTERNS);
-            excl[o.n_exclude++] = argv[++i];
-        } else if (cli_is_opt(a, "-t", "--threads") && i + 1 < argc) {
-            if (cli_parse_int("quantize", a, argv[++i], 0, 256, &v)) return 1;
+            if (!(excl[o.n_exclude++] = cli_value("quantize", argc, argv, &i))) return 1;
+        } else if (cli_is_opt(a, "-t", "--threads")) {
+            const char *t = cli_value("quantize", argc, argv, &i);
+            if (!t || cli_parse_int("quantize", a, t, 0, 256, &v)) return 1;
             o.n_threads = (int)v;
         } else if (a[0] == '-') {
-            usage(stderr);
-            return cli_fail("quantize", "unknown option or missing value: %s", a);
+            return cli_fail_unknown("quantize", a);
         } else if (!o.in) {
             o.in = a;
         } else if (!o.out) {

@@ -20,7 +20,8 @@ def test_help_exits_0(cmd, flag):
     assert p.stderr == ""
 
 
-@pytest.mark.parametrize("cmd", [["version"], ["make-tiny", "DIR"], ["bench", "moe"], ["inspect", "X"]],
+@pytest.mark.parametrize("cmd", [["version"], ["make-tiny", "DIR"], ["bench", "moe"], ["inspect", "X"],
+                                 ["moe", "-m", "X", "--layer", "1"], ["quantize", "X", "DIR"]],
                          ids=lambda c: c[0] if c[0] != "bench" else "bench moe")
 def test_unknown_option_named(cmd, tmp_path):
     cmd = [str(tmp_path / "d") if a in ("DIR", "X") else a for a in cmd]
@@ -34,7 +35,8 @@ def test_unknown_option_named(cmd, tmp_path):
 
 @pytest.mark.parametrize("cmd,flag", [(["make-tiny", "DIR"], "-f"), (["make-tiny", "DIR"], "--preset"),
                                       (["make-tiny", "DIR"], "-s"), (["bench", "moe"], "--tokens"),
-                                      (["bench", "moe"], "-m")])
+                                      (["bench", "moe"], "-m"), (["quantize", "X", "DIR"], "--to"),
+                                      (["quantize", "X", "DIR"], "-t"), (["moe"], "--layer")])
 def test_missing_value_is_not_unknown(cmd, flag, tmp_path):
     cmd = [str(tmp_path / "d") if a == "DIR" else a for a in cmd]
     p = k3(*cmd, flag)
