@@ -601,6 +601,21 @@ static void test_input_scale_rule(void **s) {
     free(L);
 }
 
+/* An empty tensor may carry any uint64 shape entry (checkpoint-formats.md §1.4); one above
+ * INT64_MAX does not fit a view's int64 shape and is refused by name, not wrapped negative. */
+static void test_view_of_huge_empty(void **s) {
+    (void)s;
+    k3_tensor_info ti = {.name = "x.weight", .dtype = K3_DTYPE_U8, .rank = 2,
+                         .shape = {UINT64_MAX, 0}};
+    k3_tview v;
+    k3_error e = {0};
+    assert_int_equal(k3_tview_init(&v, &ti, NULL, &e), K3_ERR_SHAPE);
+    assert_non_null(strstr(e.msg, "x.weight: shape[0] = 18446744073709551615"));
+    ti.shape[0] = (uint64_t)INT64_MAX;
+    assert_int_equal(k3_tview_init(&v, &ti, NULL, &e), K3_OK);
+    assert_true(v.shape[0] == INT64_MAX && v.shape[1] == 0 && v.rank == 2);
+}
+
 /* The progress line of loads over a second: silent before, bytes/GB/s/ETA after, rate
  * limited, and closed with a newline only when one was shown. */
 static void test_progress_line(void **s) {
@@ -895,6 +910,7 @@ int main(void) {
         cmocka_unit_test(test_bad_fp8_and_orphans), cmocka_unit_test(test_bad_a_log_and_config),
         cmocka_unit_test(test_input_scale_rule),  cmocka_unit_test(test_kimi_linear_ct),
         cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_expert_format_per_layer),
+        cmocka_unit_test(test_view_of_huge_empty),
         cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
     };
     return cmocka_run_group_tests_name("load", tests, setup, teardown);

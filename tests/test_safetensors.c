@@ -161,7 +161,7 @@ static const hcase header_cases[] = {
     {"{\"a\\ud800\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
      NULL, NULL},
     {"{\"a\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, K3_ERR_FORMAT,
-     "tensor \"a\"", "shape[0] must be a non-negative integer <= 2^53, found a boolean"},
+     "tensor \"a\"", "shape[0] must be a non-negative integer below 2^64, found a boolean"},
     {"{\"__metadata__\":{\"k\":1}}", 0, K3_ERR_FORMAT, "__metadata__ \"k\"", "must be a string"},
     {"{\"__metadata__\":{\"k\":null}}", 0, K3_ERR_FORMAT, "__metadata__ \"k\"", "must be a string"},
     {"{\"__metadata__\":[\"k\"]}", 0, K3_ERR_FORMAT, "__metadata__ must be an object", NULL},
@@ -175,12 +175,12 @@ static const hcase header_cases[] = {
      K3_ERR_FORMAT, "tensor \"a.weight\"", "shape[0] must be a non-negative integer"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1,2.5],\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_FORMAT, "tensor \"a.weight\"",
-     "shape[1] must be a non-negative integer <= 2^53, found 2.5"},
+     "shape[1] must be a non-negative integer below 2^64, found 2.5"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_FORMAT, "tensor \"a.weight\"", "shape[0]"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_FORMAT, "tensor \"a.weight\"",
-     "shape[0] must be a non-negative integer <= 2^53, found a string"},
+     "shape[0] must be a non-negative integer below 2^64, found a string"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_FORMAT, "number \"1.0\"", "not a plain non-negative integer"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4e0]") "}", 4,
@@ -188,8 +188,11 @@ static const hcase header_cases[] = {
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_FORMAT, "number \"01\"", NULL},
     {"{" T("a.weight",
-           "\"dtype\":\"U8\",\"shape\":[9007199254740993,0],\"data_offsets\":[0,0]") "}",
-     0, K3_ERR_FORMAT, "number \"9007199254740993\"", NULL},
+           "\"dtype\":\"U8\",\"shape\":[18446744073709551616,0],\"data_offsets\":[0,0]") "}",
+     0, K3_ERR_FORMAT, "tensor \"a.weight\"", "shape[0] must be a non-negative integer below 2^64"},
+    {"{" T("a.weight",
+           "\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,0],\"data_offsets\":[0,0]") "}",
+     0, K3_ERR_LIMIT, "tensor \"a.weight\"", "element count overflows"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":{},\"data_offsets\":[0,4]") "}", 4,
      K3_ERR_FORMAT, "tensor \"a.weight\"", "shape must be an array"},
     {"{" T("a.weight", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]") "}", 4,
@@ -305,6 +308,36 @@ static void test_valid_headers(void **state) {
     k3_st_close(f);
     k3_st_close(NULL);
     free(b);
+}
+
+/* §1.4 allows any uint64 shape entry; only an empty tensor can carry one above 2^53, and cJSON
+ * would round it (2^53 + 1 reads as 2^53). The exact values survive, wherever in the header
+ * they stand (data_offsets before shape, a later tensor), and offsets above 2^53 are reported
+ * with their exact value too. */
+static void test_huge_empty_shape(void **state) {
+    (void)state;
+    const char *h = "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                    "\"b\":{\"data_offsets\":[2,2],\"dtype\":\"F32\","
+                    "\"shape\":[9007199254740993,0,18446744073709551615]},"
+                    "\"c\":{\"dtype\":\"BF16\",\"shape\":[0,9007199254740995],\"data_offsets\":[2,2]}}";
+    size_t len;
+    uint8_t *b = build(strlen(h), h, strlen(h), 2, &len);
+    k3_st_file *f;
+    k3_error e = {0};
+    cur_case = h;
+    assert_int_equal(k3_st_parse(&f, b, len, "m", &e), K3_OK);
+    const k3_st_tensor *t = k3_st_find(f, "b");
+    assert_int_equal(t->rank, 3);
+    assert_true(t->shape[0] == 9007199254740993ull && t->shape[1] == 0 &&
+                t->shape[2] == UINT64_MAX && t->numel == 0);
+    t = k3_st_find(f, "c");
+    assert_true(t->shape[0] == 0 && t->shape[1] == 9007199254740995ull && t->numel == 0);
+    assert_true(k3_st_find(f, "a")->shape[0] == 2);
+    k3_st_close(f);
+    free(b);
+    expect_header("{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[9007199254740993,"
+                  "9007199254740993]}}",
+                  0, K3_ERR_FORMAT, "tensor \"a\"", "[9007199254740993, 9007199254740993]");
 }
 
 static void test_dtype_table(void **state) {
@@ -716,6 +749,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_rules),  cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_name_too_long), cmocka_unit_test(test_valid_headers),
+        cmocka_unit_test(test_huge_empty_shape),
         cmocka_unit_test(test_dtype_table),   cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_writer_errors), cmocka_unit_test(test_views_and_reads),
         cmocka_unit_test(test_index_rules),   cmocka_unit_test(test_sharded_writer),

@@ -3,7 +3,8 @@
  * Three passes over the header text. (1) The strict JSON layer: UTF-8, no NUL, bounded depth,
  * duplicate keys rejected, raw control bytes, \u0000 and stray bytes rejected, only JSON
  * whitespace after the value. (2) A scan of the numbers: cJSON reads them as doubles, so "3.0",
- * "1e2", "01" and 2^53+1 would pass as integers; the scan rejects all of these. (3) The
+ * "1e2" and "01" would pass as integers (the scan rejects them), and integers above 2^53 would
+ * be rounded (the scan keeps their exact value from the text). (3) The
  * schema: each entry is {"dtype", "shape", "data_offsets"} (unknown fields rejected), sizes
  * computed with checked arithmetic and compared to the offsets, then the offsets sorted and
  * walked to prove the data buffer is covered exactly. Messages name the file, the tensor and
@@ -18,14 +19,58 @@
 
 #define TWO_POW_53 9007199254740992ull
 
+/* The plain integers above 2^53, by their ordinal among the header's numbers in document
+ * order: cJSON holds every number as a double, which rounds these, and a shape entry may be any
+ * uint64 (an empty tensor can carry one, §1.4). Real headers have none, so the table is
+ * normally empty; ordinals are increasing, so lookups are a binary search. */
+typedef struct bignums {
+    size_t *ord;
+    uint64_t *val;
+    size_t n, cap;
+} bignums;
+
+static bool big_put(bignums *b, size_t ord, uint64_t v) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 16;
+        size_t *o = realloc(b->ord, cap * sizeof *o);
+        if (o)
+            b->ord = o;
+        uint64_t *x = o ? realloc(b->val, cap * sizeof *x) : NULL;
+        if (!x)
+            return false;
+        b->val = x;
+        b->cap = cap;
+    }
+    b->ord[b->n] = ord;
+    b->val[b->n++] = v;
+    return true;
+}
+
+static bool big_get(const bignums *b, size_t ord, uint64_t *v) {
+    size_t lo = 0, hi = b->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (b->ord[mid] == ord) {
+            *v = b->val[mid];
+            return true;
+        }
+        if (b->ord[mid] < ord)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return false;
+}
+
 /* Pass 2. k3_json_parse already rejected the grammar cJSON is lenient about (control bytes,
  * \u0000, stray bytes); what remains is that cJSON reads every number as a double. Numbers
- * that are not plain integers are only recorded (at *bad_num): the schema pass reports
- * negative, fractional and huge values with the tensor and field named, and this record
- * catches the spellings that survive it ("3.0", "1e2", "01"). */
-static void lex_numbers(const char *h, size_t n, size_t *bad_num, size_t *bad_len) {
+ * that are not plain integers below 2^64 are only recorded (at *bad_num): the schema pass
+ * reports negative, fractional and huge values with the tensor and field named, and this record
+ * catches the spellings that survive it ("3.0", "1e2", "01"). Plain integers above 2^53 go to
+ * big. False when out of memory. */
+static bool lex_numbers(const char *h, size_t n, bignums *big, size_t *bad_num, size_t *bad_len) {
     *bad_num = SIZE_MAX;
-    size_t i = 0;
+    size_t i = 0, ord = 0;
     while (i < n) {
         char c = h[i];
         if (c == '"') {
@@ -37,22 +82,31 @@ static void lex_numbers(const char *h, size_t n, size_t *bad_num, size_t *bad_le
             size_t s = i;
             while (i < n && h[i] && strchr("+-.eE0123456789", h[i]))
                 i++;
-            bool plain = i - s <= 16 && (h[s] != '0' || i - s == 1);
+            bool plain = h[s] != '0' || i - s == 1;
             uint64_t v = 0;
-            for (size_t k = s; plain && k < i; k++) {
-                if (h[k] < '0' || h[k] > '9')
-                    plain = false;
-                else
-                    v = v * 10 + (uint64_t)(h[k] - '0');
-            }
-            if ((!plain || v > TWO_POW_53) && *bad_num == SIZE_MAX) {
+            for (size_t k = s; plain && k < i; k++)
+                plain = h[k] >= '0' && h[k] <= '9' && k3_mul_u64(v, 10, &v) &&
+                        k3_add_u64(v, (uint64_t)(h[k] - '0'), &v);
+            if (!plain && *bad_num == SIZE_MAX) {
                 *bad_num = s;
                 *bad_len = i - s;
             }
+            if (plain && v > TWO_POW_53 && !big_put(big, ord, v))
+                return false;
+            ord++;
         } else {
             i++;
         }
     }
+    return true;
+}
+
+/* The numbers inside v (v included), which is how far v moves the document-order ordinal. */
+static size_t count_numbers(const cJSON *v) {
+    size_t n = cJSON_IsNumber(v);
+    for (const cJSON *c = v->child; c; c = c->next)
+        n += count_numbers(c);
+    return n;
 }
 
 static void fmt_shape(char *buf, size_t cap, int rank, const uint64_t *shape) {
@@ -78,9 +132,10 @@ static void describe(const cJSON *v, char *buf, size_t cap) {
         snprintf(buf, cap, "an object");
 }
 
-/* A JSON array of at most max non-negative integers (field = "shape" or "data_offsets"). */
+/* A JSON array of at most max non-negative integers below 2^64 (field = "shape" or
+ * "data_offsets"); ord: the document-order ordinal of the array's first number. */
 static int u64_array(const char *path, const char *name, const char *field, const cJSON *a, int max,
-                     uint64_t *out, int *count, k3_error *err) {
+                     const bignums *big, size_t ord, uint64_t *out, int *count, k3_error *err) {
     if (!cJSON_IsArray(a))
         return k3_fail(err, K3_ERR_FORMAT, "%s: tensor \"%s\": %s must be an array", path, name,
                        field);
@@ -90,20 +145,24 @@ static int u64_array(const char *path, const char *name, const char *field, cons
             return k3_fail(err, max == K3_MAX_RANK ? K3_ERR_LIMIT : K3_ERR_FORMAT,
                            "%s: tensor \"%s\": %s has %d or more entries, at most %d allowed", path,
                            name, field, max + 1, max);
-        if (!k3_json_u64(v, &out[k])) {
+        /* earlier elements were numbers (else this returned), so this one is ord + k */
+        bool big_one = cJSON_IsNumber(v) && big_get(big, ord + (size_t)k, &out[k]);
+        if (!big_one && !k3_json_u64(v, &out[k])) {
             char d[64];
             describe(v, d, sizeof d);
-            return k3_fail(
-                err, K3_ERR_FORMAT,
-                "%s: tensor \"%s\": %s[%d] must be a non-negative integer <= 2^53, found %s", path,
-                name, field, k, d);
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: tensor \"%s\": %s[%d] must be a non-negative integer below 2^64, "
+                           "found %s",
+                           path, name, field, k, d);
         }
     }
     *count = k;
     return K3_OK;
 }
 
-static int parse_entry(const k3_st_file *f, const cJSON *e, k3_st_tensor *t, k3_error *err) {
+/* ord: the document-order ordinal of the entry's first number; advanced past the entry. */
+static int parse_entry(const k3_st_file *f, const cJSON *e, const bignums *big, size_t *ord,
+                       k3_st_tensor *t, k3_error *err) {
     const char *P = f->path, *name = e->string;
     size_t len = strlen(name);
     if (len == 0)
@@ -117,16 +176,18 @@ static int parse_entry(const k3_st_file *f, const cJSON *e, k3_st_tensor *t, k3_
         return k3_fail(err, K3_ERR_FORMAT, "%s: tensor \"%s\": entry must be a JSON object", P,
                        name);
     const cJSON *dt = NULL, *sh = NULL, *off = NULL;
+    size_t sh_ord = 0, off_ord = 0;
     for (const cJSON *c = e->child; c; c = c->next) {
         if (!strcmp(c->string, "dtype"))
             dt = c;
         else if (!strcmp(c->string, "shape"))
-            sh = c;
+            sh = c, sh_ord = *ord;
         else if (!strcmp(c->string, "data_offsets"))
-            off = c;
+            off = c, off_ord = *ord;
         else
             return k3_fail(err, K3_ERR_FORMAT, "%s: tensor \"%s\": unknown field \"%s\"", P, name,
                            c->string);
+        *ord += count_numbers(c);
     }
     const char *miss = !dt ? "dtype" : !sh ? "shape" : !off ? "data_offsets" : NULL;
     if (miss)
@@ -138,12 +199,12 @@ static int parse_entry(const k3_st_file *f, const cJSON *e, k3_st_tensor *t, k3_
     if (t->dtype == K3_DTYPE_INVALID)
         return k3_fail(err, K3_ERR_DTYPE, "%s: tensor \"%s\": unknown dtype \"%.40s\"", P, name,
                        dt->valuestring);
-    int rc = u64_array(P, name, "shape", sh, K3_MAX_RANK, t->shape, &t->rank, err);
+    int rc = u64_array(P, name, "shape", sh, K3_MAX_RANK, big, sh_ord, t->shape, &t->rank, err);
     if (rc)
         return rc;
     uint64_t o[2];
     int no = 0;
-    rc = u64_array(P, name, "data_offsets", off, 2, o, &no, err);
+    rc = u64_array(P, name, "data_offsets", off, 2, big, off_ord, o, &no, err);
     if (rc)
         return rc;
     if (no != 2)
@@ -158,6 +219,8 @@ static int parse_entry(const k3_st_file *f, const cJSON *e, k3_st_tensor *t, k3_
                        P, name, t->begin, t->end);
     char shp[K3_MAX_RANK * 22 + 4];
     fmt_shape(shp, sizeof shp, t->rank, t->shape);
+    /* multiplied in order with overflow checks, as the reference does: [2^63, 0] is an empty
+     * tensor, [2^32, 2^32, 0] overflows before its zero (§1.4 item 6) */
     uint64_t numel = 1, bits;
     for (int i = 0; i < t->rank; i++)
         if (!k3_mul_u64(numel, t->shape[i], &numel))
@@ -239,7 +302,7 @@ static int parse_metadata(k3_st_file *f, const cJSON *m, k3_error *err) {
     return K3_OK;
 }
 
-static int parse_tree(k3_st_file *f, const cJSON *root, k3_error *err) {
+static int parse_tree(k3_st_file *f, const cJSON *root, const bignums *big, k3_error *err) {
     if (!cJSON_IsObject(root))
         return k3_fail(err, K3_ERR_FORMAT, "%s: header is not a JSON object", f->path);
     size_t n = 0, name_bytes = 0;
@@ -258,11 +321,12 @@ static int parse_tree(k3_st_file *f, const cJSON *root, k3_error *err) {
     if (!f->t || !f->names)
         return k3_fail(err, K3_ERR_NOMEM, "%s: out of memory for %zu tensors", f->path, n);
     char *np = f->names;
+    size_t ord = 0; /* __metadata__ holds strings only (checked above): no numbers to count */
     for (const cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__"))
             continue;
         k3_st_tensor *t = &f->t[f->n];
-        int rc = parse_entry(f, e, t, err);
+        int rc = parse_entry(f, e, big, &ord, t, err);
         if (rc)
             return rc;
         size_t l = strlen(e->string) + 1;
@@ -319,13 +383,18 @@ int k3_st_parse_header(k3_st_file *f, const char *hdr, size_t len, k3_error *err
     if (rc)
         return rc;
     size_t bad = SIZE_MAX, bad_len = 0;
-    lex_numbers(hdr, len, &bad, &bad_len);
-    rc = parse_tree(f, root, err);
+    bignums big = {0};
+    if (!lex_numbers(hdr, len, &big, &bad, &bad_len))
+        rc = k3_fail(err, K3_ERR_NOMEM, "%s: out of memory for the header's numbers", f->path);
+    else
+        rc = parse_tree(f, root, &big, err);
+    free(big.ord);
+    free(big.val);
     cJSON_Delete(root);
     if (!rc && bad != SIZE_MAX)
         rc = k3_fail(err, K3_ERR_FORMAT,
                      "%s: header byte %zu: number \"%.*s\" is not a plain non-negative integer "
-                     "(no sign, fraction, exponent or leading zero; at most 2^53)",
+                     "(no sign, fraction, exponent or leading zero; below 2^64)",
                      f->path, bad, (int)(bad_len > 40 ? 40 : bad_len), hdr + bad);
     return rc;
 }

@@ -17,6 +17,18 @@ const char *k3_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
     return buf;
 }
 
+int k3_tview_init(k3_tview *out, const k3_tensor_info *ti, const void *data, k3_error *err) {
+    *out = (k3_tview){.name = ti->name, .dtype = ti->dtype, .rank = ti->rank, .data = data,
+                      .nbytes = ti->nbytes};
+    for (int i = 0; i < ti->rank; i++) {
+        if (ti->shape[i] > INT64_MAX)
+            return k3_fail(err, K3_ERR_SHAPE, "%s: shape[%d] = %llu, above the %lld a view holds",
+                           ti->name, i, (unsigned long long)ti->shape[i], (long long)INT64_MAX);
+        out->shape[i] = (int64_t)ti->shape[i];
+    }
+    return K3_OK;
+}
+
 const char *const k3_qsuffix[K3_N_QSUFFIX] = {
     "weight", "weight_packed", "weight_scale", "weight_scale_inv", "weight_scale_2",
     "input_scale", "weight_global_scale", "input_global_scale"};

@@ -25,6 +25,11 @@ typedef struct k3_tview {
     uint64_t nbytes;
 } k3_tview;
 
+/* Checkpoint tensor ti as a view over data (NULL: headers only). A shape entry above
+ * INT64_MAX, which only an empty tensor can have (checkpoint-formats.md §1.4), is refused by
+ * name: views hold int64 shapes. */
+int k3_tview_init(k3_tview *out, const k3_tensor_info *ti, const void *data, k3_error *err);
+
 /* The tensor suffixes a linear module may have on disk (module + "." + suffix), in the order of
  * enum k3_qsuffix. Each format owns a subset; any other present one is an error. */
 enum k3_qsuffix {

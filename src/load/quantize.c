@@ -275,8 +275,9 @@ int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
                          k3_dtype_name(dt));
             break;
         }
-        if (it->copy->rank != 2 || (int64_t)it->copy->shape[0] != e->shape[0] ||
-            (int64_t)it->copy->shape[1] != e->shape[1]) {
+        /* compared unsigned: an empty tensor's entry may exceed INT64_MAX */
+        if (it->copy->rank != 2 || it->copy->shape[0] != (uint64_t)e->shape[0] ||
+            it->copy->shape[1] != (uint64_t)e->shape[1]) {
             rc = k3_fail(err, K3_ERR_SHAPE, "%s: expected [%lld,%lld] from config.json", wname,
                          (long long)e->shape[0], (long long)e->shape[1]);
             break;

@@ -85,11 +85,9 @@ static void *worker(void *arg) {
 
 /* Registers checkpoint tensor ti as the next view, over data (NULL: headers only). */
 static int put_view(k3_model *m, const k3_tensor_info *ti, const void *data, k3_error *err) {
-    k3_tview *tv = &m->views[m->n_views];
-    *tv = (k3_tview){.name = ti->name, .dtype = ti->dtype, .rank = ti->rank, .data = data,
-                     .nbytes = ti->nbytes};
-    for (int i = 0; i < ti->rank; i++) tv->shape[i] = (int64_t)ti->shape[i];
-    int rc = k3_name_table_put(&m->vt, ti->name, m->n_views++, NULL);
+    int rc = k3_tview_init(&m->views[m->n_views], ti, data, err);
+    if (rc) return rc;
+    rc = k3_name_table_put(&m->vt, ti->name, m->n_views++, NULL);
     if (rc != K3_OK)
         return k3_fail(err, rc, "%s: %s in the loaded set", ti->name,
                        rc == K3_ERR_DUPLICATE ? "present twice" : "out of memory");
