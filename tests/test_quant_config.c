@@ -401,6 +401,27 @@ static void test_ct_dispatch(void **state) {
     k3_quant_config_free(&qc);
 }
 
+/* A malformed declaration (a name no QuantAlgo has, a compressed-tensors object naming another
+ * quant_method) is K3_ERR_FORMAT, so `k3 inspect` fails on it; a real config of a method k3
+ * does not run stays K3_ERR_UNSUPPORTED (inspect only skips its per-layer summary). */
+static void test_malformed_is_not_unsupported(void **state) {
+    (void)state;
+    k3_quant_config qc = parse_ok("{\"quantization\": {\"quant_algo\": \"FOO\"}}", NULL);
+    k3_error e = {0};
+    assert_int_equal(k3_quant_config_validate(&qc, &e), K3_ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "quant_algo: unknown quantization algorithm \"FOO\""));
+    k3_quant_config_free(&qc);
+    cJSON *j = js("{\"quant_method\": \"gptq\", \"format\": \"nvfp4-pack-quantized\", "
+                  "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"]}}}");
+    assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e), K3_ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "qc: quant_method: \"gptq\", but the object has "
+                                  "compressed-tensors' config_groups"));
+    cJSON_Delete(j);
+    j = js("{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128}");
+    assert_int_equal(k3_quant_config_parse(&qc, NULL, NULL, j, "qc", &e), K3_ERR_UNSUPPORTED);
+    cJSON_Delete(j);
+}
+
 static void test_bad_regex(void **state) {
     (void)state;
     cJSON *j = js("{\"quant_method\": \"compressed-tensors\", \"format\": \"mxfp4-pack-quantized\","
@@ -675,7 +696,7 @@ int main(void) {
         cmocka_unit_test(test_experts_per_layer),
         cmocka_unit_test(test_ct_mxfp4_original),
         cmocka_unit_test(test_ct_dispatch),
-        cmocka_unit_test(test_bad_regex),
+        cmocka_unit_test(test_bad_regex), cmocka_unit_test(test_malformed_is_not_unsupported),
         cmocka_unit_test(test_regex_match_limit),
         cmocka_unit_test(test_other_errors),
         cmocka_unit_test(test_divergence),

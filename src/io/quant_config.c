@@ -560,6 +560,14 @@ static int parse_inline(k3_quant_config *qc, const cJSON *inl, const char *what,
         return k3_fail(err, K3_ERR_MISSING, "%s: quant_method: missing", what);
     if (!strcmp(m, "compressed-tensors"))
         return parse_ct(qc, inl, what, err);
+    /* config_groups is compressed-tensors' own schema: such an object naming another method
+     * contradicts itself (malformed), where a real GPTQ/AWQ/... config is only one k3 does not
+     * run */
+    if (cJSON_GetObjectItemCaseSensitive(inl, "config_groups"))
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: quant_method: \"%s\", but the object has compressed-tensors' "
+                       "config_groups (expected \"compressed-tensors\")",
+                       what, m);
     return k3_fail(err, K3_ERR_UNSUPPORTED,
                    "%s: quant_method: \"%s\" is not supported (expected modelopt or "
                    "compressed-tensors)",
@@ -714,8 +722,12 @@ static int check_algo(const char *algo, int64_t group, const char *what, const c
                       k3_error *err) {
     if (!algo)
         return K3_OK;
+    /* not a QuantAlgo name: a malformed declaration, not a model k3 merely does not run
+     * (TensorRT-LLM's enum refuses it too, §2.4) */
     if (!k3_quant_algo_canonical(algo))
-        return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: %s: unknown quantization algorithm \"%s\"",
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: %s: unknown quantization algorithm \"%s\" (not a TensorRT-LLM "
+                       "QuantAlgo name)",
                        what, field, algo);
     if (!strcmp(algo, "NVFP4") && group >= 0 && group != 16)
         return k3_fail(err, K3_ERR_FORMAT, "%s: %s: NVFP4 with group_size %lld (NVFP4 is group 16)",

@@ -26,14 +26,18 @@ def tiny(tmp_path_factory):
     return d
 
 
-def edit_config(src, dst, fn):
+def edit_config(src, dst, fn, name="config.json"):
     os.makedirs(dst)
     for f in os.listdir(src):
         os.symlink(os.path.join(src, f), os.path.join(dst, f))
-    os.unlink(os.path.join(dst, "config.json"))
-    cfg = json.loads((src / "config.json").read_text())
+    os.unlink(os.path.join(dst, name))
+    cfg = json.loads((src / name).read_text())
     fn(cfg)
-    (dst / "config.json").write_text(json.dumps(cfg))
+    (dst / name).write_text(json.dumps(cfg))
+
+
+def quant_config(cfg):
+    return cfg.get("quantization_config") or cfg["text_config"]["quantization_config"]
 
 
 def test_good_config_has_layers(tiny):
@@ -62,3 +66,39 @@ def test_other_model_is_only_a_note(tiny, tmp_path):
     assert "no per-layer summary" in p.stderr and "llama" in p.stderr
     p = k3("inspect", "--ep-size", "2", str(other))  # asked for explicitly: an error
     assert p.returncode == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_ct(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_ct") / "ck"
+    p = k3("make-tiny", str(d), "--format", "nvfp4-ct", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def test_malformed_quant_declaration_fails(tiny, tiny_ct, tmp_path):
+    """A quant_algo no QuantAlgo has, or a compressed-tensors object naming another
+    quant_method, is a malformed declaration (checkpoint-formats.md §2.4, §2.5): exit 1 with the
+    file and field named, like a malformed config.json."""
+    foo = tmp_path / "foo"
+    edit_config(tiny, foo, lambda c: c["quantization"].update(quant_algo="FOO"),
+                "hf_quant_config.json")
+    p = k3("inspect", "-s", str(foo))
+    assert p.returncode == 1
+    assert "hf_quant_config.json" in p.stderr and 'unknown quantization algorithm "FOO"' in p.stderr
+    gptq = tmp_path / "gptq"
+    edit_config(tiny_ct, gptq, lambda c: quant_config(c).update(quant_method="gptq"))
+    p = k3("inspect", "-s", str(gptq))
+    assert p.returncode == 1
+    assert 'quant_method: "gptq"' in p.stderr and "config_groups" in p.stderr
+
+
+def test_quant_k3_does_not_run_is_only_a_note(tiny_ct, tmp_path):
+    """A well-formed declaration k3 cannot run (a class target other than Linear) is like
+    another model_type: the tensor report, exit 0, and a note on stderr."""
+    emb = tmp_path / "emb"
+    edit_config(tiny_ct, emb,
+                lambda c: quant_config(c)["config_groups"]["group_0"].update(targets=["Embedding"]))
+    p = k3("inspect", "-s", str(emb))
+    assert p.returncode == 0, p.stderr
+    assert "no per-layer summary" in p.stderr and 'class target "Embedding"' in p.stderr
