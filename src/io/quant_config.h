@@ -123,9 +123,10 @@ int k3_quant_config_parse(k3_quant_config *qc, const cJSON *hf_quant, const char
  * DIR/config.json (top level, else text_config's). */
 int k3_quant_config_load(k3_quant_config *qc, const char *dir, k3_error *err);
 
-/* Rejects, by name: an algorithm or KV-cache algorithm that is not a TensorRT-LLM QuantAlgo
- * name (after the alias rule), a compressed-tensors class target other than Linear, a
- * MIXED_PRECISION config without quantized_layers. */
+/* Rejects, by name: an algorithm that is not a TensorRT-LLM QuantAlgo name (after the alias
+ * rule; K3_ERR_FORMAT, a malformed declaration), a compressed-tensors class target other than
+ * Linear (K3_ERR_UNSUPPORTED: well-formed, but k3 cannot match classes), a MIXED_PRECISION
+ * config without quantized_layers. */
 int k3_quant_config_validate(const k3_quant_config *qc, k3_error *err);
 
 /* The alias rule and the QuantAlgo table: returns the canonical static name for a known
