@@ -601,6 +601,61 @@ static void test_input_scale_rule(void **s) {
     free(L);
 }
 
+/* Opens dir (which must load) with stderr captured into buf. */
+static void open_capturing_stderr(const char *dir, char *buf, size_t size) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/stderr.txt", root);
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    k3_model *m = NULL;
+    k3_error e = {0};
+    k3_model_opts o = {.path = dir, .n_threads = 2};
+    int rc = k3_model_open(&m, &o, &e);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    if (rc) fail_msg("open %s: %s", dir, e.msg);
+    k3_model_close(m);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+/* compressed-tensors stores reciprocal globals (checkpoint-formats.md §4.1): messages about
+ * them quote the values in the file under the file's names, not the decoded reciprocals. */
+static void test_ct_scale_messages(void **s) {
+    (void)s;
+    tlist *L = calloc(1, sizeof *L);
+    tl_load(L, ckpt[K3_TINY_NVFP4_CT]);
+    const char *x = P "1.block_sparse_moe.experts.2.";
+    char n1[200], n3[200];
+    snprintf(n1, sizeof n1, "%sw1.input_global_scale", x);
+    snprintf(n3, sizeof n3, "%sw3.input_global_scale", x);
+    *(float *)wdata(tl_find(L, n1)) = 1024.0f;
+    *(float *)wdata(tl_find(L, n3)) = 4.0f;
+    char a[500], b[300];
+    snprintf(a, sizeof a, "%s: 1024, but ", n1);
+    snprintf(b, sizeof b, "%s: 4 (", n3);
+    expect_open(tl_write(L, ckpt[K3_TINY_NVFP4_CT], "ct-igs"), K3_ERR_FORMAT, a, b);
+    tl_free(L);
+    tl_load(L, ckpt[K3_TINY_NVFP4_CT]);
+    snprintf(n1, sizeof n1, "%sw1.weight_global_scale", x);
+    snprintf(n3, sizeof n3, "%sw3.weight_global_scale", x);
+    *(float *)wdata(tl_find(L, n1)) = 1024.0f;
+    *(float *)wdata(tl_find(L, n3)) = 4.0f;
+    char out[4096];
+    open_capturing_stderr(tl_write(L, ckpt[K3_TINY_NVFP4_CT], "ct-wgs"), out, sizeof out);
+    snprintf(a, sizeof a, "%s: 1024, but %s: 4, ", n1, n3);
+    if (!strstr(out, a)) fail_msg("stderr lacks \"%s\": %s", a, out);
+    tl_free(L);
+    free(L);
+}
+
 /* An empty tensor may carry any uint64 shape entry (checkpoint-formats.md §1.4); one above
  * INT64_MAX does not fit a view's int64 shape and is refused by name, not wrapped negative. */
 static void test_view_of_huge_empty(void **s) {
@@ -910,7 +965,7 @@ int main(void) {
         cmocka_unit_test(test_bad_fp8_and_orphans), cmocka_unit_test(test_bad_a_log_and_config),
         cmocka_unit_test(test_input_scale_rule),  cmocka_unit_test(test_kimi_linear_ct),
         cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_expert_format_per_layer),
-        cmocka_unit_test(test_view_of_huge_empty),
+        cmocka_unit_test(test_view_of_huge_empty), cmocka_unit_test(test_ct_scale_messages),
         cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
     };
     return cmocka_run_group_tests_name("load", tests, setup, teardown);

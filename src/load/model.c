@@ -256,34 +256,46 @@ static int decode_all(k3_model *m, k3_error *err) {
      * weight_scale_2 should be shared too (moe.md §2.2); where they differ TensorRT-LLM takes
      * the max without rescaling the block scales, k3 decodes each exactly, and says so once. */
     bool gated = k3_act_is_gated(k3_plan_expert_act(&m->mc));
-    size_t ws2_differ = 0, ws2_first = 0;
+    size_t ws2_differ = 0;
+    char g1[600] = "", g3[600] = "";
+    float g1v = 0, g3v = 0;
     for (size_t i = 0; gated && i + 2 < m->plan.n; i++) {
         const k3_pentry *e = &m->plan.e[i];
         if (e->role != K3_R_EXPERT || e->proj != 1 || !m->le[i].selected) continue;
-        k3_qmat *w1 = &m->le[i].q, *w3 = &m->le[i + 2].q;
-        if (w1->fmt != K3_WFMT_NVFP4) continue;
-        const char *sfx = m->le[i].scheme == K3_QS_NVFP4_CT ? "input_global_scale" : "input_scale";
+        if (m->le[i].q.fmt != K3_WFMT_NVFP4) continue;
+        /* the values as stored, not the qmat's: compressed-tensors stores reciprocals, and a
+         * message quotes the file */
+        bool ct = m->le[i].scheme == K3_QS_NVFP4_CT;
         char n1[600], n3[600];
-        snprintf(n1, sizeof n1, "%s.%s", m->plan.e[i].name, sfx);
-        snprintf(n3, sizeof n3, "%s.%s", m->plan.e[i + 2].name, sfx);
-        bool h1 = find_view(m, n1) != NULL, h3 = find_view(m, n3) != NULL;
-        if (h1 != h3)
+        float v1 = 0, v3 = 0;
+        snprintf(n1, sizeof n1, "%s.%s", e->name, ct ? "input_global_scale" : "input_scale");
+        snprintf(n3, sizeof n3, "%s.%s", m->plan.e[i + 2].name, ct ? "input_global_scale" : "input_scale");
+        const k3_tview *t1 = find_view(m, n1), *t3 = find_view(m, n3);
+        if (!t1 != !t3)
             return k3_fail(err, K3_ERR_MISSING, "%s: missing, but %s is present (one activation "
                            "scale feeds both, TensorRT-LLM asserts they are equal)",
-                           h1 ? n3 : n1, h1 ? n1 : n3);
-        if (w1->input_scale != w3->input_scale)
+                           t1 ? n3 : n1, t1 ? n1 : n3);
+        int rc = t1 ? k3_decode_scalar(t1, &v1, err) : K3_OK;
+        if (!rc && t3) rc = k3_decode_scalar(t3, &v3, err);
+        if (rc) return rc;
+        if (v1 != v3)
             return k3_fail(err, K3_ERR_FORMAT, "%s: %.9g, but %s: %.9g (one activation scale feeds "
-                           "both; TensorRT-LLM asserts they are equal)", n1, (double)w1->input_scale,
-                           n3, (double)w3->input_scale);
-        if (w1->global_scale != w3->global_scale && !ws2_differ++) ws2_first = i;
+                           "both; TensorRT-LLM asserts they are equal)", n1, (double)v1, n3,
+                           (double)v3);
+        snprintf(n1, sizeof n1, "%s.%s", e->name, ct ? "weight_global_scale" : "weight_scale_2");
+        snprintf(n3, sizeof n3, "%s.%s", m->plan.e[i + 2].name, ct ? "weight_global_scale" : "weight_scale_2");
+        t1 = find_view(m, n1), t3 = find_view(m, n3);
+        if (!t1 || !t3) return k3_fail(err, K3_ERR_INTERNAL, "%s: decoded without it", t1 ? n3 : n1);
+        if ((rc = k3_decode_scalar(t1, &v1, err)) || (rc = k3_decode_scalar(t3, &v3, err))) return rc;
+        if (v1 != v3 && !ws2_differ++) {
+            snprintf(g1, sizeof g1, "%s", n1), snprintf(g3, sizeof g3, "%s", n3);
+            g1v = v1, g3v = v3;
+        }
     }
-    if (ws2_differ) {
-        const k3_qmat *w1 = &m->le[ws2_first].q, *w3 = &m->le[ws2_first + 2].q;
-        k3_warn("%s: w1 and w3 global scales differ (%.9g, %.9g), and in %zu expert(s) in all: k3 "
-                "decodes each exactly; TensorRT-LLM would take the max for both without rescaling "
-                "the block scales", m->plan.e[ws2_first].name, (double)w1->global_scale,
-                (double)w3->global_scale, ws2_differ);
-    }
+    if (ws2_differ)
+        k3_warn("%s: %.9g, but %s: %.9g, and w1 and w3 global scales differ in %zu expert(s) in "
+                "all: k3 decodes each exactly; TensorRT-LLM would take the max for both without "
+                "rescaling the block scales", g1, (double)g1v, g3, (double)g3v, ws2_differ);
     return K3_OK;
 }
 
