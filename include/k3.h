@@ -138,6 +138,16 @@ int k3_checkpoint_metadata_at(const k3_checkpoint *ck, size_t shard, size_t i, c
                               const char **value, k3_error *err);
 const char *k3_checkpoint_metadata_get(const k3_checkpoint *ck, size_t shard, const char *key);
 
+/* The format of the linear module `module` (a weight's name without ".weight" or
+ * ".weight_packed"), judged from the names and dtypes of its tensors alone, as for a checkpoint
+ * without quantization declarations: *format is "plain", "NVFP4", "NVFP4-CT", "MXFP4", "MXFP8"
+ * or "FP8-block" (static; set on failure too). The set is then checked by the loader's dtype,
+ * shape and sibling rules, without reading a byte: a scale of the wrong dtype or shape, a missing
+ * or stray sibling, an F8_E4M3 weight without its scale is an error naming the tensor and what
+ * was expected (checkpoint-formats.md §3-§6, §8.2 item 6). */
+int k3_checkpoint_weight_format(const k3_checkpoint *ck, const char *module, const char **format,
+                                k3_error *err);
+
 /* ---- loaded models (src/load/) ---------------------------------------------------- */
 
 /* A Kimi K3 / Kimi-Linear checkpoint loaded for one expert-parallel rank: configs parsed

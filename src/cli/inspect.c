@@ -6,8 +6,9 @@
  * quantization) and the quantization each weight appears to carry, judged from its dtype and
  * its sibling tensors (checkpoint-formats.md §3-§6, §8.2 item 6): NVFP4 (ModelOpt and
  * compressed-tensors), MXFP4, MXFP8, FP8 128x128 blocks, or plain. Scale tensors are reported
- * as part of their weight. A sibling set that looks like a format but has the wrong dtype or
- * shape is a problem: it is shown in the report and the exit status is 1.
+ * as part of their weight. The judgement and its checks are the loader's
+ * (k3_checkpoint_weight_format), so inspect accepts no set a load would refuse: a problem is
+ * shown in the report, names the tensor at fault, and makes the exit status 1.
  *
  * The pieces are separate functions (classify, text report, JSON report). For a model
  * directory (with config.json) a per-layer summary follows, read through k3_model_open with
@@ -30,25 +31,25 @@
 
 typedef enum quant {
     Q_PLAIN = 0,
-    Q_NVFP4,       /* ModelOpt: weight U8 [N,K/2], weight_scale E4M3 [N,K/16], weight_scale_2 [] */
-    Q_NVFP4_CT,    /* compressed-tensors: weight_packed, weight_scale E4M3, weight_global_scale */
-    Q_MXFP4,       /* weight_packed U8 [N,K/2], weight_scale U8|E8M0 [N,K/32] */
-    Q_MXFP8,       /* weight E4M3 [N,K], weight_scale U8|E8M0 [N,K/32] */
-    Q_FP8_BLOCK,   /* weight E4M3 [N,K], F32 scale [ceil(N/128),(1,)ceil(K/128)(,1)] */
-    Q_FP8_NOSCALE, /* an E4M3 weight with no scale: never plain (§8.2 item 6) */
-    Q_SCALE,       /* a scale tensor, reported with its weight */
+    Q_NVFP4,     /* ModelOpt: weight U8 [N,K/2], weight_scale E4M3 [N,K/16], weight_scale_2 [] */
+    Q_NVFP4_CT,  /* compressed-tensors: weight_packed, weight_scale E4M3, weight_global_scale */
+    Q_MXFP4,     /* weight_packed U8 [N,K/2], weight_scale U8|E8M0 [N,K/32] */
+    Q_MXFP8,     /* weight E4M3 [N,K], weight_scale U8|E8M0 [N,K/32] */
+    Q_FP8_BLOCK, /* weight E4M3 [N,K], F32 scale [ceil(N/128),(1,)ceil(K/128)(,1)] */
+    Q_SCALE,     /* a scale tensor, reported with its weight */
     Q_COUNT
 } quant;
 
-static const char *const quant_names[Q_COUNT] = {"plain", "NVFP4",     "NVFP4-CT",     "MXFP4",
-                                                 "MXFP8", "FP8-block", "FP8-no-scale", "scale"};
+/* the names k3_checkpoint_weight_format gives, in enum order */
+static const char *const quant_names[Q_COUNT] = {"plain", "NVFP4",     "NVFP4-CT", "MXFP4",
+                                                 "MXFP8", "FP8-block", "scale"};
 
 typedef struct item {
     k3_tensor_info info;
     quant q;
     int64_t owner;    /* for Q_SCALE: index of the weight it belongs to */
     const char *role; /* for Q_SCALE: "weight_scale", ... */
-    char problem[200];
+    char *problem;    /* owned; NULL when none (K3 has ~500k tensors: no fixed buffer each) */
 } item;
 
 static const char *const scale_roles[] = {"weight_scale",     "weight_scale_2",
@@ -64,126 +65,56 @@ static bool ends_with(const char *s, const char *suffix, size_t *prefix_len) {
     return true;
 }
 
-static bool is_e8m0(k3_dtype d) {
-    return d == K3_DTYPE_U8 || d == K3_DTYPE_F8_E8M0;
+static quant quant_of(const char *name) {
+    for (int q = 0; q < Q_SCALE; q++)
+        if (!strcmp(quant_names[q], name))
+            return (quant)q;
+    return Q_PLAIN;
 }
 
-/* Checks a 2-D scale against [rows, cols]; writes a problem when it differs. */
-static bool expect_2d(item *w, const item *s, uint64_t rows, uint64_t cols) {
-    if (s->info.rank == 2 && s->info.shape[0] == rows && s->info.shape[1] == cols)
-        return true;
-    snprintf(w->problem, sizeof w->problem, "%s: shape does not match [%" PRIu64 ", %" PRIu64 "]",
-             s->info.name, rows, cols);
-    return false;
-}
-
-/* The format of weight w from its siblings sib[role] (NULL when absent). */
-static quant classify_weight(item *w, bool packed, item *sib[N_ROLES]) {
-    const k3_tensor_info *t = &w->info;
-    item *s = sib[0], *s2 = sib[1], *inv = sib[2], *g = sib[3];
-    bool mat = t->rank == 2;
-    uint64_t n = t->shape[0], k = mat ? t->shape[1] : 0;
-    if (t->dtype == K3_DTYPE_U8 && mat && s && s->info.dtype == K3_DTYPE_F8_E4M3 &&
-        (packed ? g : s2)) {
-        const item *glob = packed ? g : s2;
-        if (glob->info.numel != 1)
-            snprintf(w->problem, sizeof w->problem, "%s: expected one element, found %" PRIu64,
-                     glob->info.name, glob->info.numel);
-        else if (k % 8)
-            snprintf(w->problem, sizeof w->problem, "K = %" PRIu64 " is not a multiple of 16",
-                     2 * k);
-        else
-            expect_2d(w, s, n, 2 * k / 16);
-        return packed ? Q_NVFP4_CT : Q_NVFP4;
-    }
-    /* compressed-tensors names it weight_packed, ModelOpt (W4A8_MXFP4_FP8) weight */
-    if (t->dtype == K3_DTYPE_U8 && mat && s && is_e8m0(s->info.dtype) && !s2 && !g) {
-        if (k % 16)
-            snprintf(w->problem, sizeof w->problem, "K = %" PRIu64 " is not a multiple of 32",
-                     2 * k);
-        else
-            expect_2d(w, s, n, 2 * k / 32);
-        return Q_MXFP4;
-    }
-    if (t->dtype != K3_DTYPE_F8_E4M3) {
-        bool plain = t->dtype == K3_DTYPE_BF16 || t->dtype == K3_DTYPE_F16 || t->dtype == K3_DTYPE_F32;
-        const item *any = NULL;
-        for (int r = 0; r < N_ROLES && !any; r++) any = sib[r];
-        if (any && plain)
-            snprintf(w->problem, sizeof w->problem, "%s weight with a scale sibling (%s)",
-                     k3_dtype_name(t->dtype), any->info.name);
-        else if (any)
-            snprintf(w->problem, sizeof w->problem, "%s weight with scales of no known format",
-                     k3_dtype_name(t->dtype));
-        return Q_PLAIN;
-    }
-    if (s && is_e8m0(s->info.dtype) && mat) {
-        if (k % 32)
-            snprintf(w->problem, sizeof w->problem, "K = %" PRIu64 " is not a multiple of 32", k);
-        else
-            expect_2d(w, s, n, k / 32);
-        return Q_MXFP8;
-    }
-    item *bs = s ? s : inv;
-    if (!bs)
-        return Q_FP8_NOSCALE;
-    if (bs->info.dtype != K3_DTYPE_F32 && bs->info.dtype != K3_DTYPE_BF16) {
-        snprintf(w->problem, sizeof w->problem, "%s: block scale of dtype %s, expected F32",
-                 bs->info.name, k3_dtype_name(bs->info.dtype));
-        return Q_FP8_BLOCK;
-    }
-    if (!mat) {
-        snprintf(w->problem, sizeof w->problem, "FP8 block weight of rank %d, expected 2", t->rank);
-        return Q_FP8_BLOCK;
-    }
-    uint64_t r = (n + 127) / 128, c = (k + 127) / 128;
-    const uint64_t *sh = bs->info.shape;
-    bool ok = (bs->info.rank == 2 && sh[0] == r && sh[1] == c) ||
-              (bs->info.rank == 4 && sh[0] == r && sh[1] == 1 && sh[2] == c && sh[3] == 1);
-    if (!ok)
-        snprintf(w->problem, sizeof w->problem,
-                 "%s: shape does not match the 128x128 grid [%" PRIu64 ", %" PRIu64
-                 "] (or [%" PRIu64 ", 1, %" PRIu64 ", 1])",
-                 bs->info.name, r, c, r, c);
-    return Q_FP8_BLOCK;
-}
-
+/* Each weight's format and problem come from the library (the loader's dtype, shape and
+ * sibling rules); what is left here is which tensors are listed as its scales. */
 static int classify(const k3_checkpoint *ck, item *it, size_t n) {
     char *buf = NULL;
     size_t cap = 0;
-    for (size_t i = 0; i < n; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
         size_t plen;
-        bool packed = ends_with(it[i].info.name, ".weight_packed", &plen);
-        if (!packed && !ends_with(it[i].info.name, ".weight", &plen))
+        if (!ends_with(it[i].info.name, ".weight_packed", &plen) &&
+            !ends_with(it[i].info.name, ".weight", &plen))
             continue;
-        item *sib[N_ROLES] = {0};
         if (cap < plen + 32) {
             cap = plen + 32;
             char *p = realloc(buf, cap);
             if (!p) {
-                free(buf);
-                return cli_fail("inspect", "out of memory");
+                rc = cli_fail("inspect", "out of memory");
+                break;
             }
             buf = p;
         }
+        snprintf(buf, cap, "%.*s", (int)plen, it[i].info.name);
+        const char *fmt;
+        k3_error err = {0};
+        if (k3_checkpoint_weight_format(ck, buf, &fmt, &err) &&
+            !(it[i].problem = strdup(err.msg))) {
+            rc = cli_fail("inspect", "out of memory");
+            break;
+        }
+        it[i].q = quant_of(fmt);
+        if (it[i].q == Q_PLAIN)
+            continue;
         for (int r = 0; r < N_ROLES; r++) {
             snprintf(buf, cap, "%.*s.%s", (int)plen, it[i].info.name, scale_roles[r]);
             int64_t j = k3_checkpoint_find(ck, buf);
-            if (j >= 0 && it[j].q == Q_PLAIN)
-                sib[r] = &it[j];
-        }
-        it[i].q = classify_weight(&it[i], packed, sib);
-        if (it[i].q == Q_PLAIN)
-            continue;
-        for (int r = 0; r < N_ROLES; r++)
-            if (sib[r]) {
-                sib[r]->q = Q_SCALE;
-                sib[r]->owner = (int64_t)i;
-                sib[r]->role = scale_roles[r];
+            if (j >= 0 && it[j].q == Q_PLAIN) {
+                it[j].q = Q_SCALE;
+                it[j].owner = (int64_t)i;
+                it[j].role = scale_roles[r];
             }
+        }
     }
     free(buf);
-    return 0;
+    return rc;
 }
 
 static void shape_str(const k3_tensor_info *t, char *out, size_t cap) {
@@ -212,7 +143,7 @@ static void count(const item *it, size_t n, totals *t) {
         if (it[i].q != Q_SCALE)
             t->quant_n[q]++;
         t->quant_bytes[q] += x->nbytes;
-        if (it[i].problem[0])
+        if (it[i].problem)
             t->problems++;
     }
 }
@@ -223,7 +154,7 @@ static void report_text(const k3_checkpoint *ck, const item *it, size_t n, const
                         bool list) {
     int wname = 4, wshard = 5;
     for (size_t i = 0; i < n; i++) {
-        if (!list && !it[i].problem[0]) continue;
+        if (!list && !it[i].problem) continue;
         int l = (int)strlen(it[i].info.name), s = (int)strlen(it[i].info.shard_name);
         if (l > wname)
             wname = l;
@@ -234,14 +165,14 @@ static void report_text(const k3_checkpoint *ck, const item *it, size_t n, const
         printf("%-*s  %-11s  %-22s  %14s  %-*s  %s\n", wname, "NAME", "DTYPE", "SHAPE", "BYTES",
                wshard, "SHARD", "QUANT");
     for (size_t i = 0; i < n; i++) {
-        if (!list && !it[i].problem[0]) continue;
-        char shp[200], q[400];
+        if (!list && !it[i].problem) continue;
+        char shp[200], q[1400];
         shape_str(&it[i].info, shp, sizeof shp);
         if (it[i].q == Q_SCALE)
             snprintf(q, sizeof q, "%s of %s", it[i].role, it[it[i].owner].info.name);
         else
             snprintf(q, sizeof q, "%s%s%s", quant_names[it[i].q],
-                     it[i].problem[0] ? "  PROBLEM: " : "", it[i].problem);
+                     it[i].problem ? "  PROBLEM: " : "", it[i].problem ? it[i].problem : "");
         printf("%-*s  %-11s  %-22s  %14" PRIu64 "  %-*s  %s\n", wname, it[i].info.name,
                k3_dtype_name(it[i].info.dtype), shp, it[i].info.nbytes, wshard,
                it[i].info.shard_name, q);
@@ -287,7 +218,7 @@ static cJSON *report_json(const char *path, const k3_checkpoint *ck, const item 
     }
     cJSON *arr = cJSON_AddArrayToObject(root, "tensors");
     for (size_t i = 0; i < n; i++) {
-        if (!list && !it[i].problem[0]) continue;
+        if (!list && !it[i].problem) continue;
         const k3_tensor_info *x = &it[i].info;
         cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray();
         cJSON_AddStringToObject(o, "name", x->name);
@@ -304,7 +235,7 @@ static cJSON *report_json(const char *path, const k3_checkpoint *ck, const item 
         } else {
             cJSON_AddStringToObject(o, "quant", quant_names[it[i].q]);
         }
-        if (it[i].problem[0])
+        if (it[i].problem)
             cJSON_AddStringToObject(o, "problem", it[i].problem);
         cJSON_AddItemToArray(arr, o);
     }
@@ -480,13 +411,15 @@ int cli_inspect(int argc, char **argv) {
         }
         if (!rc && t.problems) {
             for (size_t i = 0; i < n; i++)
-                if (it[i].problem[0]) {
-                    cli_fail("inspect", "%s: %s", it[i].info.name, it[i].problem);
+                if (it[i].problem) { /* the message names the tensor at fault */
+                    cli_fail("inspect", "%s", it[i].problem);
                     break;
                 }
             rc = cli_fail("inspect", "%zu tensor(s) with inconsistent quantization", t.problems);
         }
     }
+    for (size_t i = 0; i < n; i++)
+        free(it[i].problem);
     free(it);
     k3_checkpoint_close(ck);
     return rc;

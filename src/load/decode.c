@@ -96,6 +96,7 @@ typedef struct ctx_t {
     k3_tview_find_fn find;
     void *ctx;
     void (*mark)(void *ctx, const char *name);
+    bool inferred; /* the scheme came from the tensors, not a declaration (messages say so) */
 } dctx;
 
 static const k3_tview *get(const dctx *c, const char *suffix) {
@@ -108,7 +109,11 @@ static const k3_tview *get(const dctx *c, const char *suffix) {
 
 static const k3_tview *need(const dctx *c, const char *suffix, k3_qscheme decl, k3_error *err) {
     const k3_tview *t = get(c, suffix);
-    if (!t)
+    if (!t && c->inferred)
+        k3_fail(err, K3_ERR_MISSING,
+                "%s.%s: missing (the other tensors of %s make it %s, which has one)", c->module,
+                suffix, c->module, k3_qscheme_name(decl));
+    else if (!t)
         k3_fail(err, K3_ERR_MISSING, "%s.%s: missing (required by the %s declaration)", c->module,
                 suffix, k3_qscheme_name(decl));
     return t;
@@ -242,10 +247,10 @@ static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t co
     return strays(c, SFX(WEIGHT) | SFX(WEIGHT_SCALE) | SFX(WEIGHT_SCALE_INV), "FP8 block", err);
 }
 
-int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t rows, int64_t cols,
-                     k3_tview_find_fn find, void *ctx, void (*mark)(void *, const char *),
-                     k3_qmat *out, k3_error *err) {
-    dctx c = {module, find, ctx, mark};
+static int decode(const dctx *cp, k3_qscheme decl, bool plain_ok, int64_t rows, int64_t cols,
+                  k3_qmat *out, k3_error *err) {
+    const dctx c = *cp;
+    const char *module = c.module;
     if (decl == K3_QS_OTHER || decl < 0 || decl >= K3_QS_COUNT)
         return k3_fail(err, K3_ERR_UNSUPPORTED, "%s: declared with a quantization k3 does not "
                        "decode", module);
@@ -323,4 +328,127 @@ int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t
     }
     return k3_fail(err, K3_ERR_DTYPE, "%s: dtype %s is not a weight format k3 reads", w->name,
                    tdt(w));
+}
+
+int k3_decode_linear(const char *module, k3_qscheme decl, bool plain_ok, int64_t rows, int64_t cols,
+                     k3_tview_find_fn find, void *ctx, void (*mark)(void *, const char *),
+                     k3_qmat *out, k3_error *err) {
+    dctx c = {module, find, ctx, mark, false};
+    return decode(&c, decl, plain_ok, rows, cols, out, err);
+}
+
+static bool is_plain(k3_dtype d) {
+    return d == K3_DTYPE_BF16 || d == K3_DTYPE_F16 || d == K3_DTYPE_F32;
+}
+
+static bool is_e8m0(k3_dtype d) { return d == K3_DTYPE_U8 || d == K3_DTYPE_F8_E8M0; }
+
+/* Looked up without marking: inference only looks, the decoder marks what it consumes. */
+static const k3_tview *peek(const dctx *c, int sfx) {
+    char name[512];
+    if (snprintf(name, sizeof name, "%s.%s", c->module, k3_qsuffix[sfx]) >= (int)sizeof name)
+        return NULL;
+    return c->find(c->ctx, name);
+}
+
+static k3_qscheme infer(const dctx *c) {
+    const k3_tview *w = peek(c, K3_SFX_WEIGHT), *p = peek(c, K3_SFX_WEIGHT_PACKED);
+    const k3_tview *s = peek(c, K3_SFX_WEIGHT_SCALE);
+    bool globals = peek(c, K3_SFX_WEIGHT_GLOBAL_SCALE) || peek(c, K3_SFX_INPUT_GLOBAL_SCALE);
+    /* a block scale that is not an E8M0 byte can only be NVFP4's (E4M3); a wrong dtype there is
+     * then reported against NVFP4's rule */
+    bool nv_scale = s && !is_e8m0(s->dtype);
+    if (p) /* compressed-tensors' name: its NVFP4 has global scales, its MXFP4 none */
+        return globals || nv_scale ? K3_QS_NVFP4_CT : K3_QS_MXFP4;
+    if (!w) return K3_QS_NONE;
+    if (w->dtype == K3_DTYPE_F8_E4M3) return K3_QS_FP8_BLOCK;
+    if (w->dtype != K3_DTYPE_U8) return K3_QS_NONE;
+    /* ModelOpt's names: NVFP4 has weight_scale_2, its W4A8_MXFP4_FP8 an E8M0 weight_scale */
+    if (peek(c, K3_SFX_WEIGHT_SCALE_2) || globals || nv_scale) return K3_QS_NVFP4;
+    if (s) return K3_QS_MXFP4;
+    return peek(c, K3_SFX_INPUT_SCALE) ? K3_QS_NVFP4 : K3_QS_NONE;
+}
+
+k3_qscheme k3_decode_infer(const char *module, k3_tview_find_fn find, void *ctx) {
+    dctx c = {module, find, ctx, NULL, true};
+    return infer(&c);
+}
+
+/* The first present sibling of c's weight (any suffix but weight / weight_packed), or NULL. */
+static const k3_tview *any_scale(const dctx *c) {
+    for (int s = K3_SFX_WEIGHT_SCALE; s < K3_N_QSUFFIX; s++) {
+        const k3_tview *t = peek(c, s);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static int undeclared(const dctx *c, int64_t rows, int64_t cols, k3_qmat *out, k3_error *err) {
+    k3_qscheme sc = infer(c);
+    const k3_tview *w = peek(c, K3_SFX_WEIGHT);
+    if (sc == K3_QS_NONE && w && !is_plain(w->dtype)) {
+        const k3_tview *x = any_scale(c);
+        if (x)
+            return k3_fail(err, K3_ERR_FORMAT,
+                           "%s: %s weight beside %s: no format k3 reads stores %s weights",
+                           w->name, tdt(w), x->name, tdt(w));
+        bool u8 = w->dtype == K3_DTYPE_U8;
+        return k3_fail(err, u8 ? K3_ERR_MISSING : K3_ERR_DTYPE, "%s: %s weight without scales (%s)",
+                       w->name, tdt(w),
+                       u8 ? "a packed 4-bit weight has a .weight_scale beside it"
+                          : "not a weight format k3 reads");
+    }
+    return decode(c, sc, false, rows, cols, out, err);
+}
+
+int k3_decode_linear_undeclared(const char *module, int64_t rows, int64_t cols,
+                                k3_tview_find_fn find, void *ctx,
+                                void (*mark)(void *ctx, const char *name), k3_qmat *out,
+                                k3_error *err) {
+    dctx c = {module, find, ctx, mark, true};
+    return undeclared(&c, rows, cols, out, err);
+}
+
+/* MXFP8 (E4M3 elements, E8M0 scale per 32; ModelOpt's export, §6.1): k3 does not decode it,
+ * inspect still checks its set. */
+static int check_mxfp8(const dctx *c, const k3_tview *w, const k3_tview *s, k3_error *err) {
+    int64_t rows = w->shape[0], cols = w->shape[1];
+    if (cols % 32)
+        return k3_fail(err, K3_ERR_SHAPE, "%s: MXFP8 needs in_features %% 32 == 0, found %lld",
+                       w->name, (long long)cols);
+    int64_t ss[2] = {rows, cols / 32};
+    int rc = k3_decode_plain(s, (1u << K3_DTYPE_U8) | (1u << K3_DTYPE_F8_E8M0), 2, ss, err);
+    return rc ? rc : strays(c, SFX(WEIGHT) | SFX(WEIGHT_SCALE), "MXFP8", err);
+}
+
+int k3_decode_classify(const char *module, k3_tview_find_fn find, void *ctx, const char **fmt,
+                       k3_error *err) {
+    static const char *const names[K3_QS_COUNT] = {
+        [K3_QS_NONE] = "plain", [K3_QS_NVFP4] = "NVFP4", [K3_QS_NVFP4_CT] = "NVFP4-CT",
+        [K3_QS_MXFP4] = "MXFP4", [K3_QS_FP8_BLOCK] = "FP8-block", [K3_QS_OTHER] = "plain"};
+    dctx c = {module, find, ctx, NULL, true};
+    const k3_tview *w = peek(&c, K3_SFX_WEIGHT), *p = peek(&c, K3_SFX_WEIGHT_PACKED);
+    const k3_tview *s = peek(&c, K3_SFX_WEIGHT_SCALE), *wt = p ? p : w;
+    k3_qscheme sc = infer(&c);
+    *fmt = names[sc];
+    if (!wt) return k3_fail(err, K3_ERR_MISSING, "%s.weight: missing", module);
+    if (w && p)
+        return k3_fail(err, K3_ERR_DUPLICATE, "%s: present twice, as .weight and .weight_packed",
+                       module);
+    /* a weight alone is what its dtype says; only a set of tensors claims a format */
+    if (sc == K3_QS_NONE && !any_scale(&c)) return K3_OK;
+    bool mx8 = wt->dtype == K3_DTYPE_F8_E4M3 && s && is_e8m0(s->dtype);
+    if (mx8) *fmt = "MXFP8";
+    char b[96];
+    if (wt->rank != 2)
+        return k3_fail(err, K3_ERR_SHAPE, "%s: expected a rank-2 [out, in] weight, found %s %s",
+                       wt->name, tdt(wt), k3_shape_str(wt->rank, wt->shape, b, sizeof b));
+    if (mx8) return check_mxfp8(&c, wt, s, err);
+    /* packed: two E2M1 codes a byte along in */
+    bool packed = wt->dtype == K3_DTYPE_U8 && sc != K3_QS_NONE;
+    if (packed && wt->shape[1] > INT64_MAX / 2)
+        return k3_fail(err, K3_ERR_SHAPE, "%s: %s: in_features overflow", wt->name,
+                       k3_shape_str(wt->rank, wt->shape, b, sizeof b));
+    k3_qmat q;
+    return undeclared(&c, wt->shape[0], packed ? 2 * wt->shape[1] : wt->shape[1], &q, err);
 }

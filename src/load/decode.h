@@ -55,6 +55,32 @@ int k3_decode_linear(const char *module, k3_qscheme scheme, bool plain_ok, int64
                      k3_tview_find_fn find, void *ctx, void (*mark)(void *ctx, const char *name),
                      k3_qmat *out, k3_error *err);
 
+/* The scheme a module's tensors carry, judged from their names and dtypes alone, where nothing
+ * declares one (checkpoint-formats.md §3-§6, k3-architecture.md §1.2): weight_packed with
+ * global scales or an E4M3 block scale -> NVFP4_CT, without -> MXFP4; a U8 weight with
+ * weight_scale_2 (or another NVFP4 sign) -> NVFP4, with an E8M0 weight_scale -> MXFP4 (ModelOpt's
+ * W4A8_MXFP4_FP8 name); an F8_E4M3 weight -> FP8_BLOCK; anything else -> NONE. A set that is
+ * incomplete or wrong still gets the scheme it points to, so the decoder names what is wrong
+ * with it. */
+k3_qscheme k3_decode_infer(const char *module, k3_tview_find_fn find, void *ctx);
+
+/* k3_decode_linear under the scheme k3_decode_infer finds (messages say the tensors chose it,
+ * not a declaration). A non-plain weight no scheme claims (a U8 or I8 weight without scales) is
+ * an error. */
+int k3_decode_linear_undeclared(const char *module, int64_t rows, int64_t cols,
+                                k3_tview_find_fn find, void *ctx,
+                                void (*mark)(void *ctx, const char *name), k3_qmat *out,
+                                k3_error *err);
+
+/* What inspect reports for the module of a weight, with no declaration and no plan: *fmt is
+ * "plain", "NVFP4", "NVFP4-CT", "MXFP4", "MXFP8" or "FP8-block" (set on failure too). The
+ * logical shape comes from the weight itself, and the set is checked by the same rules as
+ * k3_decode_linear_undeclared (MXFP8, which k3 does not decode, by its own dtype and shape
+ * rule). A weight with no sibling is plain whatever its dtype, except F8_E4M3 (§8.2 item 6: never
+ * plain; its missing scale is the error). */
+int k3_decode_classify(const char *module, k3_tview_find_fn find, void *ctx, const char **fmt,
+                       k3_error *err);
+
 /* A plain (unquantized) tensor of exactly the given shape and one of the allowed dtypes
  * (bitmask of 1u << k3_dtype). */
 int k3_decode_plain(const k3_tview *t, unsigned allowed_dtypes, int rank, const int64_t *shape,
