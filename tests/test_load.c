@@ -601,6 +601,93 @@ static void test_input_scale_rule(void **s) {
     free(L);
 }
 
+/* Replaces every tensor of L whose name contains key by M's tensors of that kind. */
+static void tl_take(tlist *L, tlist *M, const char *key) {
+    for (size_t i = 0; i < L->n;)
+        if (strstr(L->t[i].name, key)) tl_drop(L, L->t[i].name);
+        else i++;
+    for (size_t i = 0; i < M->n; i++) {
+        const k3_st_wtensor *t = &M->t[i];
+        if (!strstr(t->name, key)) continue;
+        uint64_t nb;
+        assert_true(k3_st_tensor_bytes(t->dtype, t->rank, t->shape, NULL, &nb));
+        k3_st_wtensor *w = tl_add(L, t->name, t->dtype, t->rank, t->shape[0], t->shape[1], nb);
+        memcpy(wdata(w), t->data, nb);
+    }
+}
+
+/* Removes quantization_config from dir's config.json and deletes hf_quant_config.json. */
+static void drop_quant_config(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *j;
+    k3_error e = {0};
+    assert_int_equal(k3_json_parse_file(&j, path, 1 << 22, &e), K3_OK);
+    cJSON_DeleteItemFromObject(j, "quantization_config");
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "text_config"), "quantization_config");
+    char *txt = cJSON_Print(j);
+    FILE *f = fopen(path, "w");
+    fputs(txt, f);
+    fclose(f);
+    free(txt);
+    cJSON_Delete(j);
+}
+
+static void expect_same_expert(const k3_model *a, const k3_model *b, int layer, int expert) {
+    const k3_qmat *x = &k3_model_moe(a, layer)->experts.e[expert].w2;
+    const k3_qmat *y = &k3_model_moe(b, layer)->experts.e[expert].w2;
+    assert_int_equal(x->fmt, y->fmt);
+    assert_memory_equal(x->data, y->data, k3_qmat_data_bytes(y));
+    assert_memory_equal(x->scale, y->scale, k3_qmat_scale_bytes(y));
+    assert_true(x->global_scale == y->global_scale && x->input_scale == y->input_scale);
+}
+
+/* With no quantization config at all, a layer's routed-expert format is read from its tensors
+ * (k3-architecture.md §1.2): the original K3 without its config loads as MXFP4, ModelOpt NVFP4
+ * experts as NVFP4, per layer; experts of one layer in two formats are refused by name. */
+static void test_undeclared_experts_inferred(void **s) {
+    (void)s;
+    tlist *L = calloc(1, sizeof *L), *M = calloc(1, sizeof *M);
+    tl_load(L, ckpt[K3_TINY_MXFP4]);
+    const char *d = tl_write(L, ckpt[K3_TINY_MXFP4], "mx-no-qc");
+    drop_quant_config(d);
+    k3_model *m = open_ok(d, 0, 0, 2), *ref = open_ok(ckpt[K3_TINY_MXFP4], 0, 0, 2);
+    for (int l = 1; l < 4; l++) expect_same_expert(m, ref, l, 9);
+    assert_int_equal(k3_model_moe(m, 1)->experts.e[9].w2.fmt, K3_WFMT_MXFP4);
+    k3_model_close(m), k3_model_close(ref);
+    tl_free(L);
+
+    /* plain trunk, NVFP4 experts in layers 1-2 and MXFP4 in layer 3 */
+    tl_load(L, ckpt[K3_TINY_BF16]);
+    tl_load(M, ckpt[K3_TINY_NVFP4]);
+    tl_take(L, M, ".block_sparse_moe.experts.");
+    tl_free(M);
+    tl_load(M, ckpt[K3_TINY_MXFP4]);
+    tl_take(L, M, P "3.block_sparse_moe.experts.");
+    d = tl_write(L, ckpt[K3_TINY_BF16], "nv-mx-no-qc");
+    m = open_ok(d, 0, 0, 2);
+    k3_model *nv = open_ok(ckpt[K3_TINY_NVFP4], 0, 0, 2), *mx = open_ok(ckpt[K3_TINY_MXFP4], 0, 0, 2);
+    expect_same_expert(m, nv, 1, 9), expect_same_expert(m, nv, 2, 9);
+    expect_same_expert(m, mx, 3, 9);
+    assert_int_equal(k3_model_moe(m, 2)->experts.e[9].w2.fmt, K3_WFMT_NVFP4);
+    assert_int_equal(k3_model_moe(m, 1)->latent_down.fmt, K3_WFMT_BF16);
+    k3_layer_info li;
+    k3_error e = {0};
+    assert_int_equal(k3_model_layer_info(m, 3, &li, &e), K3_OK);
+    assert_string_equal(li.expert_format, "MXFP4");
+    k3_model_close(m), k3_model_close(nv), k3_model_close(mx);
+
+    /* one expert of layer 2 in MXFP4 beside NVFP4 neighbours */
+    tl_take(L, M, P "2.block_sparse_moe.experts.5.");
+    expect_open(tl_write(L, ckpt[K3_TINY_BF16], "mixed-no-qc"), K3_ERR_FORMAT,
+                P "2.block_sparse_moe.experts.5.w1: stored as MXFP4, but "
+                  P "2.block_sparse_moe.experts.0.w1 as NVFP4", NULL);
+    tl_free(L), tl_free(M);
+    free(L), free(M);
+}
+
 /* Opens dir (which must load) with stderr captured into buf. */
 static void open_capturing_stderr(const char *dir, char *buf, size_t size) {
     char path[400];
@@ -966,6 +1053,7 @@ int main(void) {
         cmocka_unit_test(test_input_scale_rule),  cmocka_unit_test(test_kimi_linear_ct),
         cmocka_unit_test(test_progress_line),     cmocka_unit_test(test_expert_format_per_layer),
         cmocka_unit_test(test_view_of_huge_empty), cmocka_unit_test(test_ct_scale_messages),
+        cmocka_unit_test(test_undeclared_experts_inferred),
         cmocka_unit_test(test_published_modelopt), cmocka_unit_test(test_published_original),
     };
     return cmocka_run_group_tests_name("load", tests, setup, teardown);

@@ -11,6 +11,7 @@
 
 #include "formats/fp.h"
 #include "moe/activation.h"
+#include "load/ckviews.h"
 #include "load/read.h"
 
 #include <math.h>
@@ -113,6 +114,41 @@ static int expert_agrees(const k3_model *m, const k3_pentry *e, const k3_qdecl *
     return K3_OK;
 }
 
+/* The format of one layer's routed experts where no quantization config exists: the first
+ * expert's, which every other must share. */
+typedef struct layer_fmt {
+    int layer;
+    k3_qscheme scheme;
+    const char *first; /* plan entry name */
+} layer_fmt;
+
+static const char *scheme_word(k3_qscheme s) { return s == K3_QS_NONE ? "plain" : k3_qscheme_name(s); }
+
+/* No quantization config at all: an expert's format is decided per tensor from names and dtypes
+ * (k3-architecture.md §1.2), as the original moonshotai/Kimi-K3 needs without its config. With
+ * any declaration the expert is checked against it instead. */
+static int infer_expert(const k3_model *m, const k3_pentry *e, layer_fmt *lf, k3_lentry *le,
+                        k3_error *err) {
+    k3_ck_views cv = {.ck = m->ck};
+    k3_qscheme sc = k3_decode_infer(e->name, k3_ck_views_find, &cv);
+    if (cv.rc) {
+        if (err) *err = cv.err;
+        return cv.rc;
+    }
+    if (lf->layer != e->layer) {
+        *lf = (layer_fmt){.layer = e->layer, .scheme = sc, .first = e->name};
+    } else if (sc != lf->scheme) {
+        return k3_fail(err, K3_ERR_FORMAT,
+                       "%s: stored as %s, but %s as %s (no quantization config declares the "
+                       "experts, so each is read by its tensors; k3 runs a layer's experts in one "
+                       "format)",
+                       e->name, scheme_word(sc), lf->first, scheme_word(lf->scheme));
+    }
+    le->scheme = sc;
+    le->inferred = true;
+    return K3_OK;
+}
+
 /* (2): every plan entry's tensors, and every checkpoint tensor's owner. */
 static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error *err) {
     size_t nt = k3_checkpoint_tensor_count(m->ck);
@@ -123,6 +159,7 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
         return k3_fail(err, K3_ERR_NOMEM, "load: out of memory");
     }
     int rc = K3_OK;
+    layer_fmt lf = {.layer = -1};
     for (size_t i = 0; i < m->plan.n && !rc; i++) {
         const k3_pentry *e = &m->plan.e[i];
         k3_lentry *le = &m->le[i];
@@ -152,6 +189,9 @@ static int match(k3_model *m, const bool *layer_sel, bool **wanted_out, k3_error
          * single-format quant_algo does not reach it. */
         le->plain_ok = d.by_class || d.defaulted || e->role == K3_R_EMBED;
         le->defaulted = d.defaulted;
+        if (e->role == K3_R_EXPERT && m->qc.source == K3_QSRC_NONE &&
+            (rc = infer_expert(m, e, &lf, le, err)))
+            break;
         int found = 0;
         int64_t kw = -1, kp = -1;
         char name[600];
@@ -234,8 +274,10 @@ static int decode_all(k3_model *m, k3_error *err) {
         if (!le->selected) continue;
         int rc;
         if (e->linear) {
-            rc = k3_decode_linear(e->name, le->scheme, le->plain_ok, e->shape[0], e->shape[1],
-                                  find_view, m, NULL, &le->q, err);
+            rc = le->inferred ? k3_decode_linear_undeclared(e->name, e->shape[0], e->shape[1],
+                                                            find_view, m, NULL, &le->q, err)
+                              : k3_decode_linear(e->name, le->scheme, le->plain_ok, e->shape[0],
+                                                 e->shape[1], find_view, m, NULL, &le->q, err);
             if (rc && le->defaulted && err) {
                 size_t n = strlen(err->msg);
                 snprintf(err->msg + n, sizeof err->msg - n,

@@ -25,6 +25,7 @@ typedef struct k3_lentry {
     k3_qscheme scheme;    /* declared scheme (linear entries) */
     bool plain_ok;        /* declaration by class: plain weights accepted too */
     bool defaulted;       /* routed experts nothing declares: read as the original's MXFP4 */
+    bool inferred;        /* no quantization config at all: scheme is what the tensors show */
     k3_qmat q;            /* linear entries, once decoded */
     const k3_tview *v;    /* plain entries, once loaded */
     uint64_t bytes;       /* bytes of all its checkpoint tensors (scales included) */
