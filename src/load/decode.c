@@ -435,8 +435,12 @@ int k3_decode_classify(const char *module, k3_tview_find_fn find, void *ctx, con
     if (w && p)
         return k3_fail(err, K3_ERR_DUPLICATE, "%s: present twice, as .weight and .weight_packed",
                        module);
-    /* a weight alone is what its dtype says; only a set of tensors claims a format */
-    if (sc == K3_QS_NONE && !any_scale(&c)) return K3_OK;
+    /* a weight alone is what its dtype says (only a set of tensors claims a format), except
+     * E4M3, which is never plain */
+    if (!any_scale(&c) && wt->dtype != K3_DTYPE_F8_E4M3) {
+        *fmt = names[K3_QS_NONE];
+        return K3_OK;
+    }
     bool mx8 = wt->dtype == K3_DTYPE_F8_E4M3 && s && is_e8m0(s->dtype);
     if (mx8) *fmt = "MXFP8";
     char b[96];

@@ -50,6 +50,7 @@ GOOD = [
     ("fp8", {"x.weight": F8W, "x.weight_scale": GRID}, "FP8-block"),
     ("fp8_inv", {"x.weight": F8W, "x.weight_scale_inv": GRID}, "FP8-block"),
     ("u8_alone", {"x.weight": W}, "plain"),
+    ("packed_alone", {"x.weight_packed": W}, "plain"),
 ]
 
 
