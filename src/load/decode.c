@@ -215,6 +215,13 @@ static int decode_mxfp4(const dctx *c, const k3_tview *w, int64_t rows, int64_t 
                   err);
 }
 
+/* §8.2 item 6: an E4M3 weight is never plain, so one without a scale is an error. */
+static int fp8_no_scale(const dctx *c, const k3_tview *w, k3_error *err) {
+    return k3_fail(err, K3_ERR_MISSING,
+                   "%s: F8_E4M3 weight without its scale (%s.weight_scale or .weight_scale_inv)",
+                   w->name, c->module);
+}
+
 static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t cols,
                       k3_qmat *out, k3_error *err) {
     int64_t ws[2] = {rows, cols};
@@ -225,9 +232,7 @@ static int decode_fp8(const dctx *c, const k3_tview *w, int64_t rows, int64_t co
         return k3_fail(err, K3_ERR_DUPLICATE,
                        "%s: both weight_scale and weight_scale_inv present; expected one", w->name);
     const k3_tview *s = s1 ? s1 : s2;
-    if (!s)
-        return k3_fail(err, K3_ERR_MISSING, "%s: F8_E4M3 weight without its scale (%s.weight_scale "
-                       "or .weight_scale_inv)", w->name, c->module);
+    if (!s) return fp8_no_scale(c, w, err);
     int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
     int64_t s2d[2] = {br, bc}, s4d[4] = {br, 1, bc, 1};
     if (s->dtype != K3_DTYPE_F32 || !(shape_is(s, 2, s2d) || shape_is(s, 4, s4d)))
@@ -304,9 +309,7 @@ static int decode(const dctx *cp, k3_qscheme decl, bool plain_ok, int64_t rows, 
         if (decl == K3_QS_FP8_BLOCK) return decode_fp8(&c, w, rows, cols, out, err);
         if (decl == K3_QS_NONE) {
             if (!get(&c, "weight_scale") && !get(&c, "weight_scale_inv"))
-                return k3_fail(err, K3_ERR_MISSING,
-                               "%s: F8_E4M3 weight without its scale (%s.weight_scale or "
-                               ".weight_scale_inv)", w->name, module);
+                return fp8_no_scale(&c, w, err);
             return k3_fail(err, K3_ERR_FORMAT,
                            "%s: quantized tensor (F8_E4M3 + block scale) that no quantization "
                            "declaration owns", w->name);
@@ -436,8 +439,9 @@ int k3_decode_classify(const char *module, k3_tview_find_fn find, void *ctx, con
         return k3_fail(err, K3_ERR_DUPLICATE, "%s: present twice, as .weight and .weight_packed",
                        module);
     /* a weight alone is what its dtype says (only a set of tensors claims a format), except
-     * E4M3, which is never plain */
-    if (!any_scale(&c) && wt->dtype != K3_DTYPE_F8_E4M3) {
+     * E4M3, which is never plain, whatever its shape */
+    if (!any_scale(&c)) {
+        if (wt->dtype == K3_DTYPE_F8_E4M3) return fp8_no_scale(&c, wt, err);
         *fmt = names[K3_QS_NONE];
         return K3_OK;
     }

@@ -88,6 +88,8 @@ BAD = [
      "x.input_scale: expected a scalar F32|BF16|F16 of shape [] or [1], found U8 [5]"),
     ("fp8_no_scale", {"x.weight": F8W},
      "x.weight: F8_E4M3 weight without its scale (x.weight_scale or .weight_scale_inv)"),
+    ("fp8_vector_no_scale", {"x.weight": ("F8_E4M3", [2], b"\x38\x38")},
+     "x.weight: F8_E4M3 weight without its scale"),
     ("no_ws2", with_(NVFP4, weight_scale_2=None), "x.weight_scale_2: missing"),
     ("no_ws", with_(NVFP4, weight_scale=None), "x.weight_scale: missing"),
     ("ws_e5m2", with_(NVFP4, weight_scale=("F8_E5M2",) + WS[1:]),
