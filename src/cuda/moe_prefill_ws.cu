@@ -132,8 +132,10 @@ __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stag
  * T = 8192 5.66 / 5.81 -> 4.93 / 4.91. FC1's gathered rows as one 128-byte box each ran 66% /
  * 86% slower than by cp.async at T = 2048 / 8192, and multicasting the rows over two-CTA
  * clusters (the other CTA on the next row block) gained nothing in FC2 and did not close FC1's
- * gap (lab/NOTES.md v26; the code is lab/pending/tma_cluster_tokens.patch). Weights by TMA
- * against 16-byte cp.async (960 per 48-token stage from 128 threads; H100, one call, two rounds,
+ * gap (lab/NOTES.md v26; the code is lab/pending/tma_cluster_tokens.patch). Eight threads per
+ * row (whole lines per request) ran up to 20% slower, and boxes from a position-ordered copy of
+ * xq left FC1 level; its epilogue, which all consumers run at once, costs it more (lab/NOTES.md
+ * v33). Weights by TMA against 16-byte cp.async (960 per 48-token stage from 128 threads; H100, one call, two rounds,
  * FC2 stage ms / whole MoE ms): w4a16 T = 2048 3.61 / 3.69 -> 3.49 / 3.44, 11.6 / 11.7 ->
  * 11.1 / 11.1; T = 8192 9.43 / 9.63 -> 9.51 / 9.51, 34.2 / 33.9 -> 32.9 / 33.2; w4a16-bf16
  * T = 2048 2.69 / 2.60 -> 2.46 / 2.33; FC1 unchanged. An L2 evict-first policy on the weight
