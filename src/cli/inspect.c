@@ -270,11 +270,15 @@ static void usage(FILE *f) {
                "  -h, --help    this help\n");
 }
 
-/* The per-layer summary and the expert-parallel preview of a model directory. Returns 0, or
- * 1 after printing an error. json: added to root; else printed as tables. */
-static int model_summary(const char *path, long ep_size, cJSON *root) {
+/* Opens a model directory for its per-layer summary: *out stays NULL where there is nothing
+ * to summarize (no config.json; a model k3 does not run, with a note). With --ep-size the
+ * split is checked here, before the report prints a line, so a bad size fails with nothing
+ * on stdout rather than after the whole tensor list. Returns 0, or 1 after printing an
+ * error. */
+static int summary_open(const char *path, long ep_size, k3_model **out) {
     char cfg[4096];
     struct stat st;
+    *out = NULL;
     snprintf(cfg, sizeof cfg, "%s/config.json", path);
     if (stat(cfg, &st)) {
         if (ep_size > 0) return cli_fail("inspect", "--ep-size: %s has no config.json", path);
@@ -290,6 +294,19 @@ static int model_summary(const char *path, long ep_size, cJSON *root) {
         fprintf(stderr, "k3 inspect: no per-layer summary: %s: %s\n", k3_status_str(err.status), err.msg);
         return 0;
     }
+    k3_rank_info ri;
+    if (ep_size > 0 && k3_model_rank_info(m, (int)ep_size, 0, &ri, &err)) {
+        k3_model_close(m);
+        return cli_fail("inspect", "--ep-size %ld: %s", ep_size, err.msg);
+    }
+    *out = m;
+    return 0;
+}
+
+/* The per-layer summary and the expert-parallel preview of a model opened by summary_open.
+ * Returns 0, or 1 after printing an error. json: added to root; else printed as tables. */
+static int model_summary(k3_model *m, long ep_size, cJSON *root) {
+    k3_error err = {0};
     k3_model_info mi;
     k3_model_get_info(m, &mi);
     cJSON *layers = root ? cJSON_AddArrayToObject(root, "layers") : NULL;
@@ -350,7 +367,6 @@ static int model_summary(const char *path, long ep_size, cJSON *root) {
             }
         }
     }
-    k3_model_close(m);
     return rc;
 }
 
@@ -361,8 +377,9 @@ int cli_inspect(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--summary") || !strcmp(argv[i], "-s")) summary = true;
-        else if (!strcmp(argv[i], "--ep-size") && i + 1 < argc) {
-            if (cli_parse_int("inspect", "--ep-size", argv[++i], 1, 65536, &ep_size)) return 1;
+        else if (!strcmp(argv[i], "--ep-size")) {
+            const char *v = cli_value("inspect", argc, argv, &i);
+            if (!v || cli_parse_int("inspect", "--ep-size", v, 1, 65536, &ep_size)) return 1;
         }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -389,17 +406,22 @@ int cli_inspect(int argc, char **argv) {
         return cli_fail("inspect", "out of memory for %zu tensors", n);
     }
     int rc = 0;
+    k3_model *m = NULL;
     for (size_t i = 0; i < n && !rc; i++)
         if (k3_checkpoint_tensor_info(ck, i, &it[i].info, &err))
             rc = cli_fail_err("inspect", &err);
     if (!rc)
         rc = classify(ck, it, n);
+    /* without --ep-size the tensor report comes first, so that a checkpoint whose config the
+     * tensors contradict still shows them (and its problems) before the error */
+    if (!rc && ep_size > 0) rc = summary_open(path, ep_size, &m);
     if (!rc) {
         totals t;
         count(it, n, &t);
         if (json) {
             cJSON *root = report_json(path, ck, it, n, &t, !summary);
-            if (root) rc = model_summary(path, ep_size, root);
+            if (root && !m) rc = summary_open(path, ep_size, &m);
+            if (root && !rc && m) rc = model_summary(m, ep_size, root);
             char *s = root && !rc ? cJSON_Print(root) : NULL;
             if (s) printf("%s\n", s);
             else if (!rc) rc = cli_fail("inspect", "out of memory building the JSON report");
@@ -407,7 +429,8 @@ int cli_inspect(int argc, char **argv) {
             cJSON_Delete(root);
         } else {
             report_text(ck, it, n, &t, !summary);
-            rc = model_summary(path, ep_size, NULL);
+            if (!m) rc = summary_open(path, ep_size, &m);
+            if (!rc && m) rc = model_summary(m, ep_size, NULL);
         }
         if (!rc && t.problems) {
             for (size_t i = 0; i < n; i++)
@@ -421,6 +444,7 @@ int cli_inspect(int argc, char **argv) {
     for (size_t i = 0; i < n; i++)
         free(it[i].problem);
     free(it);
+    k3_model_close(m);
     k3_checkpoint_close(ck);
     return rc;
 }

@@ -248,8 +248,12 @@ def test_inspect_ep(made):
     for r in ranks:
         eb = sum(expert_bytes(e) for e in range(r["first_expert"], r["first_expert"] + r["experts"]))
         assert r["expert_bytes"] == eb and r["total_bytes"] == other + eb
-    t = k3("inspect", d, "--ep-size", "17")
-    assert t.returncode == 1 and "exceeds n_experts 16" in t.stderr
+    for fmt in ([], ["--json"], ["--summary"]):  # refused before the report prints a line
+        t = k3("inspect", d, "--ep-size", "17", *fmt)
+        assert t.returncode == 1 and "--ep-size 17" in t.stderr and "exceeds n_experts 16" in t.stderr
+        assert t.stdout == "", t.stdout[-200:]
+    t = k3("inspect", d, "--ep-size")
+    assert t.returncode == 1 and "--ep-size: missing value" in t.stderr and t.stdout == ""
     t = k3("inspect", d, "--ep-size", "2")
     assert t.returncode == 0 and "expert parallel over 2 ranks" in t.stdout
     assert "experts.0.w1.weight_packed" in t.stdout  # the full report lists every tensor
