@@ -646,7 +646,11 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         int tc = 0;
         for (int r = 0; r < warmup + repeats && !rc; r++) {
             if (!o->warm || r == 0) {
-                tc = route(T, k, b.n, &rs, ids, w);
+                /* a stream of its own per (seed, T, repeat): a row's routing must not depend
+                 * on which other token counts were asked for, or in what order */
+                uint64_t route_s = b.seed * 0xD1B54A32D192ED03ull ^ ((uint64_t)T << 20 | (uint64_t)r);
+                route_s = mix64(&route_s);
+                tc = route(T, k, b.n, &route_s, ids, w);
                 for (int64_t i = 0; i < (int64_t)T * k; i++) ids[i] += ex.first_local;
             }
             double g = 0;

@@ -138,3 +138,18 @@ def test_bench_gpu_refuses_model(tiny, be):
     assert p.returncode == 1
     assert f"backend {be}: times synthetic device-resident experts, not a checkpoint's" in p.stderr, p.stderr
     assert p.stdout == ""
+
+
+def test_routing_independent_of_other_rows(tiny):
+    """The routing of a row is fixed by the seed, its token count and the repeat (spec
+    performance.md §2: the same routing for every implementation compared), so a row reads the
+    same experts whichever other token counts run beside it, and in any order."""
+    def touched(tokens, seed):
+        p = k3("bench", "moe", "-m", tiny, "--tokens", tokens, "-r", "3", "-t", "1", "-s", seed,
+               "-o", "json")
+        assert p.returncode == 0, p.stderr
+        return {row["tokens"]: row["experts_touched"] for row in json.loads(p.stdout)["rows"]}
+    for seed in (1, 2, 3, 4):
+        alone = touched("3", seed)[3]
+        assert touched("64,3", seed)[3] == alone and touched("3,5", seed)[3] == alone, seed
+        assert touched("3", seed)[3] == alone
