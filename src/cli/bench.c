@@ -4,7 +4,8 @@
  * counts and prints, per row: tokens, distinct experts touched, median time and the spread
  * (min..max) over repeats after warm-up, GB/s of expert weights read and its fraction of the
  * streaming-read bandwidth measured in the same run, GFLOP/s and its fraction of the FMA
- * peak measured in the same run. A footer names the build commit, the CPU, both probes and
+ * peak measured in the same run, and the two floors those fractions stand for
+ * (performance.md §1: touched experts' bytes over the bandwidth, FLOPs over the peak). A footer names the build commit, the CPU, both probes and
  * how many experts were really built (or, with -m, which checkpoint layer was timed). */
 #include "cli/cli.h"
 
@@ -77,13 +78,20 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
             const k3_bench_moe_row *r = &rows[i];
             double bw = r->read_gbs > 0 ? r->read_gbs : env->read_gbs;
             printf("%s{\"tokens\": %d, \"experts_touched\": %.9g, \"median_s\": %.9g, "
-                   "\"min_s\": %.9g, \"max_s\": %.9g, \"weight_bytes\": %.0f, \"gbs\": %.9g, "
-                   "\"read_gbs\": %.9g, \"bw_fraction\": %.9g, \"gflops\": %.9g, "
-                   "\"flop_fraction\": %.9g}",
+                   "\"min_s\": %.9g, \"max_s\": %.9g, \"weight_bytes\": %.0f, \"flops\": %.0f, "
+                   "\"gbs\": %.9g, \"read_gbs\": %.9g, \"mem_floor_s\": %.9g, "
+                   "\"bw_fraction\": %.9g, \"gflops\": %.9g, ",
                    i ? ", " : "", r->tokens, r->experts_touched, r->t_median_s, r->t_min_s,
-                   r->t_max_s, r->weight_bytes, r->weight_bytes / r->t_median_s / 1e9, bw,
-                   r->weight_bytes / r->t_median_s / 1e9 / bw,
-                   r->flops / r->t_median_s / 1e9, r->flops / r->t_median_s / 1e9 / env->fma_gflops);
+                   r->t_max_s, r->weight_bytes, r->flops, r->weight_bytes / r->t_median_s / 1e9,
+                   bw, r->weight_bytes / (bw * 1e9), r->weight_bytes / r->t_median_s / 1e9 / bw,
+                   r->flops / r->t_median_s / 1e9);
+            /* no peak probe (a GPU build without sm_90a kernels): null, as JSON has no inf */
+            if (env->fma_gflops > 0)
+                printf("\"flop_floor_s\": %.9g, \"flop_fraction\": %.9g}",
+                       r->flops / (env->fma_gflops * 1e9),
+                       r->flops / r->t_median_s / 1e9 / env->fma_gflops);
+            else
+                printf("\"flop_floor_s\": null, \"flop_fraction\": null}");
         }
         printf("]}\n");
         return;
@@ -91,35 +99,43 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
     int csv = !strcmp(fmt, "csv");
     if (csv)
         printf("backend,format,act,isa,threads,tokens,experts_touched,median_ms,min_ms,max_ms,gbs,"
-               "read_gbs,bw_pct,gflops,flop_pct\n");
+               "read_gbs,mem_floor_ms,bw_pct,gflops,flop_floor_ms,flop_pct\n");
     else
         printf("| backend | format | act | isa | threads | tokens | experts | time ms (median) | "
-               "spread ms (min..max) | GB/s | read BW GB/s | %% of read BW | GFLOP/s | "
-               "%% of peak |\n"
-               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+               "spread ms (min..max) | GB/s | read BW GB/s | memory floor ms | %% of read BW | "
+               "GFLOP/s | FLOP floor ms | %% of peak |\n"
+               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const k3_bench_moe_row *r = &rows[i];
         double gbs = r->weight_bytes / r->t_median_s / 1e9, gfl = r->flops / r->t_median_s / 1e9;
         double bw = r->read_gbs > 0 ? r->read_gbs : env->read_gbs;
-        double fpct = env->fma_gflops > 0 ? 100 * gfl / env->fma_gflops : 0; /* 0: no probe */
+        /* 0: no peak probe (a GPU build without sm_90a kernels) */
+        double fpct = env->fma_gflops > 0 ? 100 * gfl / env->fma_gflops : 0;
+        double mem_floor_ms = r->weight_bytes / (bw * 1e9) * 1e3;
+        double flop_floor_ms = env->fma_gflops > 0 ? r->flops / (env->fma_gflops * 1e9) * 1e3 : 0;
         if (csv)
-            printf("%s,%s,%s,%s,%d,%d,%.1f,%.3f,%.3f,%.3f,%.2f,%.2f,%.1f,%.2f,%.1f\n", env->backend,
-                   env->format, env->mode, env->isa, env->threads, r->tokens, r->experts_touched,
-                   r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3, gbs, bw,
-                   100 * gbs / bw, gfl, fpct);
-        else
-            printf("| %s | %s | %s | %s | %d | %d | %.1f | %.3f | %.3f..%.3f | %.2f | %.2f | %.1f%% | "
-                   "%.2f | %.1f%% |\n",
+            printf("%s,%s,%s,%s,%d,%d,%.1f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.1f,%.2f,%.4f,%.1f\n",
                    env->backend, env->format, env->mode, env->isa, env->threads, r->tokens,
                    r->experts_touched, r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3,
-                   gbs, bw, 100 * gbs / bw, gfl, fpct);
+                   gbs, bw, mem_floor_ms, 100 * gbs / bw, gfl, flop_floor_ms, fpct);
+        else
+            printf("| %s | %s | %s | %s | %d | %d | %.1f | %.3f | %.3f..%.3f | %.2f | %.2f | %.4f | "
+                   "%.1f%% | %.2f | %.4f | %.1f%% |\n",
+                   env->backend, env->format, env->mode, env->isa, env->threads, r->tokens,
+                   r->experts_touched, r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3,
+                   gbs, bw, mem_floor_ms, 100 * gbs / bw, gfl, flop_floor_ms, fpct);
     }
     if (csv) return;
+    /* weights per expert from the FLOP count, which already knows whether FC1 is gated */
+    double weights = rows[0].flops / (2.0 * rows[0].tokens * env->top_k);
     printf("\nbuild %s; %s; %d threads. Layer: %d experts, top-%d, H=%d, I=%d, %s; "
-           "%.2f MB of weights+scales per expert.\n",
+           "%.0f weights and %.2f MB of weights+scales per expert.\n",
            k3_build_commit(), env->cpu, env->threads, env->n_experts, env->top_k, env->hidden,
-           env->inter, env->from_model ? "the checkpoint's activation" : "SiTU (4, 25)",
+           env->inter, env->from_model ? "the checkpoint's activation" : "SiTU (4, 25)", weights,
            env->bytes_per_expert / 1e6);
+    printf("Floors (performance.md §1): memory floor = experts touched x bytes per expert / the "
+           "bandwidth column; FLOP floor = 2 x tokens x top-k x weights per expert / the peak; "
+           "%% of read BW = memory floor / median time, %% of peak = FLOP floor / median time.\n");
     if (!strncmp(env->backend, "cuda", 4)) {
         printf("GPU: all %d experts resident on device 0 (random valid bytes in kernel layout); "
                "bandwidth column = device copy bandwidth measured in this run (%% of it = memory floor / time); "

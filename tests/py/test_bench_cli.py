@@ -153,3 +153,35 @@ def test_routing_independent_of_other_rows(tiny):
         alone = touched("3", seed)[3]
         assert touched("64,3", seed)[3] == alone and touched("3,5", seed)[3] == alone, seed
         assert touched("3", seed)[3] == alone
+
+
+def test_floors_in_every_format(tiny):
+    """performance.md §1: memory floor = touched experts x bytes per expert / bandwidth, FLOP
+    floor = 2 T k x weights per expert / peak; each is printed beside the fraction it stands
+    for, in md, csv and json. The tiny layer: H = 128, I = 64, gated SiTU, NVFP4, so an expert
+    is 3 x 128 x 64 = 24576 weights of 0.5 + 1/16 bytes each = 13824 bytes."""
+    p = k3("bench", "moe", "-m", tiny, "--tokens", "1,4", "-r", "1", "-t", "1", "-o", "json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["bytes_per_expert"] == 13824
+    for row in r["rows"]:
+        assert row["flops"] == 2 * row["tokens"] * 4 * 24576
+        assert row["mem_floor_s"] == pytest.approx(row["weight_bytes"] / (row["read_gbs"] * 1e9), rel=1e-6)
+        assert row["flop_floor_s"] == pytest.approx(row["flops"] / (r["fma_gflops"] * 1e9), rel=1e-6)
+        assert row["bw_fraction"] == pytest.approx(row["mem_floor_s"] / row["median_s"], rel=1e-6)
+        assert row["flop_fraction"] == pytest.approx(row["flop_floor_s"] / row["median_s"], rel=1e-6)
+    p = k3("bench", "moe", "-m", tiny, "--tokens", "1", "-r", "1", "-t", "1", "-o", "csv")
+    assert p.returncode == 0, p.stderr
+    head, row = p.stdout.strip().split("\n")
+    cols = dict(zip(head.split(","), row.split(",")))
+    for c in ("mem_floor_ms", "bw_pct", "flop_floor_ms", "flop_pct"):
+        assert c in cols, head
+    ms = float(cols["median_ms"])
+    assert float(cols["bw_pct"]) == pytest.approx(100 * float(cols["mem_floor_ms"]) / ms, abs=0.2, rel=0.02)
+    assert float(cols["flop_pct"]) == pytest.approx(100 * float(cols["flop_floor_ms"]) / ms, abs=0.2, rel=0.02)
+    p = k3("bench", "moe", "-m", tiny, "--tokens", "1", "-r", "1", "-t", "1")
+    assert p.returncode == 0, p.stderr
+    header = p.stdout.splitlines()[0]
+    assert "| memory floor ms |" in header and "| FLOP floor ms |" in header
+    assert "24576 weights and 0.01 MB of weights+scales per expert" in p.stdout
+    assert "memory floor = experts touched x bytes per expert" in p.stdout
