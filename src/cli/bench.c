@@ -27,7 +27,7 @@ static void usage(FILE *f) {
             "      --format NAME      nvfp4 | mxfp4 | bf16 (default nvfp4)\n"
             "      --act MODE         w4a16 | w4a4 | w4a8 | w4a16-bf16 (default w4a16)\n"
             "      --isa NAME         auto | scalar | avx2 | avx512 (default auto)\n"
-            "      --experts N        experts built in memory, at most the layer's 896\n"
+            "      --experts N        experts built in memory, from the layer's top-k (16) to its 896\n"
             "                         (default: as many as fit --mem-gib)\n"
             "      --mem-gib G        memory for expert weights; given with --experts, a cap that\n"
             "                         they must fit (default 6)\n"

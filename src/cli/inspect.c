@@ -385,7 +385,7 @@ int cli_inspect(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else if (argv[i][0] == '-' && argv[i][1])
-            return cli_fail("inspect", "unknown option '%s'", argv[i]);
+            return cli_fail_unknown("inspect", argv[i]);
         else if (path)
             return cli_fail("inspect", "more than one PATH ('%s' and '%s')", path, argv[i]);
         else

@@ -28,7 +28,7 @@ def test_unknown_option_named(cmd, tmp_path):
     p = k3(*cmd, "--bogus")
     assert p.returncode == 1
     name = "bench moe" if cmd[0] == "bench" else cmd[0]
-    assert p.stderr.strip().splitlines()[-1].startswith(f"k3 {name}: unknown option '--bogus'"), p.stderr
+    assert p.stderr.strip().splitlines()[-1] == f"k3 {name}: unknown option '--bogus' (see k3 {name} -h)", p.stderr
     assert p.stdout == ""
     assert not (tmp_path / "d").exists()
 
@@ -48,4 +48,13 @@ def test_missing_value_is_not_unknown(cmd, flag, tmp_path):
 def test_version_takes_no_argument():
     p = k3("version", "extra")
     assert p.returncode == 1 and "unexpected argument 'extra'" in p.stderr, p.stderr
+    assert p.stdout == ""
+
+
+def test_bench_experts_range_as_help_says():
+    """-h gives --experts the range top-k (16) .. 896; one below it is refused before any
+    weight is built."""
+    assert "from the layer's top-k (16) to its 896" in k3("bench", "moe", "-h").stdout
+    p = k3("bench", "moe", "--experts", "15", "--tokens", "1", "-r", "1")
+    assert p.returncode == 1 and "fewer than top_k 16" in p.stderr, p.stderr
     assert p.stdout == ""
