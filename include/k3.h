@@ -36,7 +36,10 @@ enum {
 
 const char *k3_status_str(int status);
 
-/* Caller-owned error: the callee writes the status and one line naming what is wrong. */
+/* Caller-owned error: the callee writes the status and one line naming what is wrong.
+ * Every function taking a k3_error accepts err == NULL (the status is still returned). A NULL
+ * handle or required pointer is K3_ERR_ARG naming the argument; the accessors that take no
+ * k3_error read a NULL handle as an empty one (0, NULL or -1). */
 typedef struct k3_error {
     int status;
     char msg[1024];

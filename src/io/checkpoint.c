@@ -252,25 +252,29 @@ int k3_checkpoint_open(k3_checkpoint **out, const char *path, k3_error *err) {
     return rc;
 }
 
+/* A NULL handle reads as an empty checkpoint: the accessors without an error struct have no
+ * other way to say "bad argument", and a crash would be the caller's only diagnostic. */
 size_t k3_checkpoint_tensor_count(const k3_checkpoint *ck) {
-    return ck->n;
+    return ck ? ck->n : 0;
 }
 size_t k3_checkpoint_shard_count(const k3_checkpoint *ck) {
-    return ck->n_shards;
+    return ck ? ck->n_shards : 0;
 }
 const char *k3_checkpoint_path(const k3_checkpoint *ck) {
-    return ck->dir;
+    return ck ? ck->dir : NULL;
 }
 int k3_checkpoint_has_index(const k3_checkpoint *ck) {
-    return ck->has_index;
+    return ck ? ck->has_index : 0;
 }
 
 const char *k3_checkpoint_shard_name(const k3_checkpoint *ck, size_t shard) {
-    return shard < ck->n_shards ? ck->shard_names[shard] : NULL;
+    return ck && shard < ck->n_shards ? ck->shard_names[shard] : NULL;
 }
 
 int k3_checkpoint_tensor_info(const k3_checkpoint *ck, size_t i, k3_tensor_info *out,
                               k3_error *err) {
+    if (!ck || !out)
+        return k3_fail(err, K3_ERR_ARG, "k3_checkpoint_tensor_info: %s: NULL", ck ? "out" : "ck");
     if (i >= ck->n)
         return k3_fail(err, K3_ERR_ARG, "%s: tensor index %zu out of range (%zu tensors)", ck->dir,
                        i, ck->n);
@@ -289,7 +293,7 @@ int k3_checkpoint_tensor_info(const k3_checkpoint *ck, size_t i, k3_tensor_info 
 
 int64_t k3_checkpoint_find(const k3_checkpoint *ck, const char *name) {
     size_t i;
-    return k3_name_table_get(&ck->by_name, name, &i) ? (int64_t)i : -1;
+    return ck && name && k3_name_table_get(&ck->by_name, name, &i) ? (int64_t)i : -1;
 }
 
 int k3_checkpoint_tensor_raw(const k3_checkpoint *ck, size_t i, k3_st_file **file,
@@ -311,11 +315,14 @@ int k3_checkpoint_lookup(const k3_checkpoint *ck, const char *name, k3_st_file *
 }
 
 size_t k3_checkpoint_metadata_count(const k3_checkpoint *ck, size_t shard) {
-    return shard < ck->n_shards ? k3_st_metadata_count(ck->shards[shard]) : 0;
+    return ck && shard < ck->n_shards ? k3_st_metadata_count(ck->shards[shard]) : 0;
 }
 
 int k3_checkpoint_metadata_at(const k3_checkpoint *ck, size_t shard, size_t i, const char **key,
                               const char **value, k3_error *err) {
+    if (!ck || !key || !value)
+        return k3_fail(err, K3_ERR_ARG, "k3_checkpoint_metadata_at: %s: NULL",
+                       !ck ? "ck" : !key ? "key" : "value");
     if (shard >= ck->n_shards || !k3_st_metadata_at(ck->shards[shard], i, key, value))
         return k3_fail(err, K3_ERR_ARG, "%s: metadata entry %zu of shard %zu out of range", ck->dir,
                        i, shard);
@@ -323,5 +330,5 @@ int k3_checkpoint_metadata_at(const k3_checkpoint *ck, size_t shard, size_t i, c
 }
 
 const char *k3_checkpoint_metadata_get(const k3_checkpoint *ck, size_t shard, const char *key) {
-    return shard < ck->n_shards ? k3_st_metadata_get(ck->shards[shard], key) : NULL;
+    return ck && key && shard < ck->n_shards ? k3_st_metadata_get(ck->shards[shard], key) : NULL;
 }

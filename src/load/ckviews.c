@@ -21,6 +21,11 @@ const k3_tview *k3_ck_views_find(void *ctx, const char *name) {
 
 int k3_checkpoint_weight_format(const k3_checkpoint *ck, const char *module, const char **format,
                                 k3_error *err) {
+    if (!format) return k3_fail(err, K3_ERR_ARG, "k3_checkpoint_weight_format: format: NULL");
+    if (!ck || !module) {
+        *format = "plain"; /* the header promises *format on every failure */
+        return k3_fail(err, K3_ERR_ARG, "k3_checkpoint_weight_format: %s: NULL", ck ? "module" : "ck");
+    }
     k3_ck_views cv = {.ck = ck};
     int rc = k3_decode_classify(module, k3_ck_views_find, &cv, format, err);
     if (cv.rc) {

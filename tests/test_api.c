@@ -1,0 +1,93 @@
+/* The public API as a user of the library sees it: this file includes k3.h and nothing from
+ * src/, so it also proves the header is enough. It holds the header's general promises
+ * (err may be NULL, a NULL handle or required pointer is K3_ERR_ARG naming the argument,
+ * accessors read a NULL handle as empty, out-of-range options are errors naming the field,
+ * never silently replaced by a default). What each function computes is tested beside its
+ * module. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3.h"
+#include "rm_tree.h"
+
+static char root[256], nvfp4[300], bf16[300];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/k3-test-api-XXXXXX");
+    if (!mkdtemp(root)) return -1;
+    snprintf(nvfp4, sizeof nvfp4, "%s/nvfp4", root);
+    snprintf(bf16, sizeof bf16, "%s/bf16", root);
+    k3_error e = {0};
+    k3_make_tiny_opts o = {.dir = nvfp4, .n_threads = 2};
+    if (k3_make_tiny_checkpoint(&o, &e)) return fprintf(stderr, "%s\n", e.msg), -1;
+    o = (k3_make_tiny_opts){.dir = bf16, .format = "bf16", .n_threads = 2};
+    if (k3_make_tiny_checkpoint(&o, &e)) return fprintf(stderr, "%s\n", e.msg), -1;
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    rm_tree(root);
+    return 0;
+}
+
+#define expect_arg(call, e, what)                                                                  \
+    do {                                                                                           \
+        (e).msg[0] = 0;                                                                            \
+        assert_int_equal((call), K3_ERR_ARG);                                                      \
+        if (!strstr((e).msg, (what))) fail_msg("%s: message '%s' does not name %s", #call,        \
+                                               (e).msg, (what));                                   \
+    } while (0)
+
+static void test_null_checkpoint(void **s) {
+    (void)s;
+    k3_error e = {0};
+    k3_tensor_info ti;
+    const char *key, *value, *fmt = NULL;
+    k3_checkpoint_close(NULL);
+    assert_int_equal(k3_checkpoint_tensor_count(NULL), 0);
+    assert_int_equal(k3_checkpoint_shard_count(NULL), 0);
+    assert_null(k3_checkpoint_shard_name(NULL, 0));
+    assert_null(k3_checkpoint_path(NULL));
+    assert_int_equal(k3_checkpoint_has_index(NULL), 0);
+    assert_int_equal(k3_checkpoint_find(NULL, "x"), -1);
+    assert_int_equal(k3_checkpoint_metadata_count(NULL, 0), 0);
+    assert_null(k3_checkpoint_metadata_get(NULL, 0, "format"));
+    expect_arg(k3_checkpoint_tensor_info(NULL, 0, &ti, &e), e, "ck");
+    expect_arg(k3_checkpoint_metadata_at(NULL, 0, 0, &key, &value, &e), e, "ck");
+    expect_arg(k3_checkpoint_weight_format(NULL, "m", &fmt, &e), e, "ck");
+    assert_string_equal(fmt, "plain"); /* "set on failure too" */
+    assert_int_equal(k3_checkpoint_tensor_info(NULL, 0, &ti, NULL), K3_ERR_ARG);
+    assert_int_equal(k3_checkpoint_open(NULL, nvfp4, NULL), K3_ERR_ARG);
+}
+
+static void test_null_pointers_on_checkpoint(void **s) {
+    (void)s;
+    k3_error e = {0};
+    k3_checkpoint *ck = NULL;
+    assert_int_equal(k3_checkpoint_open(&ck, nvfp4, &e), K3_OK);
+    const char *key, *value, *fmt = NULL;
+    expect_arg(k3_checkpoint_tensor_info(ck, 0, NULL, &e), e, "out");
+    assert_int_equal(k3_checkpoint_find(ck, NULL), -1);
+    assert_null(k3_checkpoint_metadata_get(ck, 0, NULL));
+    expect_arg(k3_checkpoint_metadata_at(ck, 0, 0, NULL, &value, &e), e, "key");
+    expect_arg(k3_checkpoint_metadata_at(ck, 0, 0, &key, NULL, &e), e, "value");
+    expect_arg(k3_checkpoint_weight_format(ck, NULL, &fmt, &e), e, "module");
+    assert_string_equal(fmt, "plain");
+    expect_arg(k3_checkpoint_weight_format(ck, "model.embed_tokens", NULL, &e), e, "format");
+    k3_checkpoint_close(ck);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_null_checkpoint),
+        cmocka_unit_test(test_null_pointers_on_checkpoint),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
