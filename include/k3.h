@@ -162,10 +162,10 @@ typedef struct k3_model k3_model;
 typedef struct k3_model_opts {
     const char *path;      /* checkpoint directory (config.json, shards, index) */
     int ep_size;           /* expert-parallel ranks; 0 or 1: this process holds every expert */
-    int ep_rank;           /* this rank, in [0, ep_size) */
-    int n_threads;         /* reader threads; 0: online CPUs */
+    int ep_rank;           /* this rank, in [0, ep_size); 0 when ep_size is 0 or 1 */
+    int n_threads;         /* reader threads, at most 256; 0: online CPUs */
     const int *layers;     /* decoder layers to load (0-indexed); NULL: all */
-    int n_layers;          /* entries in layers */
+    int n_layers;          /* entries in layers (0 when layers is NULL) */
     int progress;          /* 1: a \r progress line on stderr when the load takes over 1 s */
     int headers_only;      /* 1: configs and tensor headers checked, no weight read (inspect) */
 } k3_model_opts;

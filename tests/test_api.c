@@ -84,10 +84,40 @@ static void test_null_pointers_on_checkpoint(void **s) {
     k3_checkpoint_close(ck);
 }
 
+static void test_model_open_options(void **s) {
+    (void)s;
+    k3_error e = {0};
+    k3_model *m = NULL;
+    k3_model_opts o = {.path = nvfp4, .headers_only = 1};
+    k3_model_close(NULL);
+    expect_arg(k3_model_open(NULL, &o, &e), e, "out");
+    assert_int_equal(k3_model_open(NULL, &o, NULL), K3_ERR_ARG);
+    /* a rank without ep_size used to load every expert as rank 0 of 1 */
+    o.ep_rank = 3;
+    expect_arg(k3_model_open(&m, &o, &e), e, "ep_rank");
+    assert_null(m);
+    o.ep_rank = 0, o.n_layers = -1;
+    expect_arg(k3_model_open(&m, &o, &e), e, "n_layers");
+    o.n_layers = 2; /* entries promised, none given: used to load every layer */
+    expect_arg(k3_model_open(&m, &o, &e), e, "n_layers");
+    o.n_layers = 0;
+    assert_int_equal(k3_model_open(&m, &o, &e), K3_OK);
+    k3_layer_info li;
+    k3_rank_info ri;
+    expect_arg(k3_model_layer_info(m, 0, NULL, &e), e, "out");
+    expect_arg(k3_model_layer_info(NULL, 0, &li, &e), e, "m");
+    expect_arg(k3_model_layer_info(m, -1, &li, &e), e, "layer");
+    expect_arg(k3_model_rank_info(m, 1, 0, NULL, &e), e, "out");
+    expect_arg(k3_model_rank_info(NULL, 1, 0, &ri, &e), e, "m");
+    assert_int_equal(k3_model_get_info(NULL, NULL), K3_ERR_ARG);
+    k3_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_checkpoint),
         cmocka_unit_test(test_null_pointers_on_checkpoint),
+        cmocka_unit_test(test_model_open_options),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -439,10 +439,18 @@ static int detect_prefix(k3_model *m, const char **prefix, k3_error *err) {
 }
 
 int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
+    if (!out) return k3_fail(err, K3_ERR_ARG, "k3_model_open: out: NULL");
     *out = NULL;
     if (!o || !o->path) return k3_fail(err, K3_ERR_ARG, "k3_model_open: path: missing");
     int ep_size = o->ep_size > 1 ? o->ep_size : 1, ep_rank = o->ep_size > 1 ? o->ep_rank : 0;
     if (o->ep_size < 0) return k3_fail(err, K3_ERR_ARG, "k3_model_open: ep_size: expected >= 0, found %d", o->ep_size);
+    /* a rank given without ep_size would otherwise load every expert, as rank 0 of 1 */
+    if (o->ep_size <= 1 && o->ep_rank != 0)
+        return k3_fail(err, K3_ERR_ARG, "k3_model_open: ep_rank: expected 0 when ep_size is %d, found %d",
+                       o->ep_size, o->ep_rank);
+    if (o->n_layers < 0 || (!o->layers && o->n_layers > 0))
+        return k3_fail(err, K3_ERR_ARG, "k3_model_open: n_layers: %d %s", o->n_layers,
+                       o->n_layers < 0 ? "is negative" : "entries, but layers is NULL");
     if (o->n_threads < 0 || o->n_threads > 256)
         return k3_fail(err, K3_ERR_ARG, "k3_model_open: n_threads: expected 0..256, found %d", o->n_threads);
     double t0 = k3_now();
@@ -529,9 +537,10 @@ static const char *expert_format(const k3_lentry *le) {
 }
 
 int k3_model_layer_info(const k3_model *m, int l, k3_layer_info *o, k3_error *err) {
-    if (!m || !o || l < 0 || l >= m->mc.num_hidden_layers)
+    if (!m || !o) return k3_fail(err, K3_ERR_ARG, "k3_model_layer_info: %s: NULL", m ? "out" : "m");
+    if (l < 0 || l >= m->mc.num_hidden_layers)
         return k3_fail(err, K3_ERR_ARG, "k3_model_layer_info: layer: expected in [0, %lld), found %d",
-                       m ? (long long)m->mc.num_hidden_layers : 0LL, l);
+                       (long long)m->mc.num_hidden_layers, l);
     const k3_layer_plan *lp = &m->mc.layers[l];
     *o = (k3_layer_info){.attn = k3_attn_kind_name(lp->attn), .ffn = k3_ffn_kind_name(lp->ffn)};
     for (size_t i = 0; i < m->plan.n; i++) {
@@ -548,7 +557,7 @@ int k3_model_layer_info(const k3_model *m, int l, k3_layer_info *o, k3_error *er
 
 int k3_model_rank_info(const k3_model *m, int ep_size, int rank, k3_rank_info *o, k3_error *err) {
     k3_ep_part p;
-    if (!m || !o) return k3_fail(err, K3_ERR_ARG, "k3_model_rank_info: NULL argument");
+    if (!m || !o) return k3_fail(err, K3_ERR_ARG, "k3_model_rank_info: %s: NULL", m ? "out" : "m");
     if (m->mc.n_moe == 0) return k3_fail(err, K3_ERR_ARG, "ep_size: the model has no MoE layers");
     int rc = k3_ep_partition((int)m->mc.num_experts, ep_size, rank, &p, err);
     if (rc) return rc;
