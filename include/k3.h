@@ -221,7 +221,7 @@ typedef struct k3_make_tiny_opts {
     const char *format;   /* NULL: "nvfp4" */
     const char *preset;   /* NULL: "tiny" */
     uint64_t seed;
-    int n_threads;        /* 0: online CPUs */
+    int n_threads;        /* writer threads, at most 256; 0: online CPUs */
     int progress;         /* 1: \r progress line on stderr */
 } k3_make_tiny_opts;
 
@@ -239,7 +239,7 @@ typedef struct k3_quantize_opts {
     int n_only;
     const char *const *exclude; /* n_exclude patterns; a match deselects */
     int n_exclude;
-    int n_threads;              /* 0: online CPUs */
+    int n_threads;              /* writer threads, at most 256; 0: online CPUs */
     int progress;
 } k3_quantize_opts;
 

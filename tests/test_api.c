@@ -9,9 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "k3.h"
 #include "rm_tree.h"
@@ -113,11 +116,82 @@ static void test_model_open_options(void **s) {
     k3_model_close(m);
 }
 
+static void test_writer_options(void **s) {
+    (void)s;
+    k3_error e = {0};
+    char out[400];
+    snprintf(out, sizeof out, "%s/out", root);
+    /* out-of-range thread counts used to be replaced by the CPU count or 256 */
+    k3_make_tiny_opts t = {.dir = out, .n_threads = -1};
+    expect_arg(k3_make_tiny_checkpoint(&t, &e), e, "n_threads");
+    t.n_threads = 1000;
+    expect_arg(k3_make_tiny_checkpoint(&t, &e), e, "n_threads");
+    k3_quantize_opts q = {.in = bf16, .out = out, .to = "nvfp4", .n_threads = -1};
+    expect_arg(k3_quantize_checkpoint(&q, &e), e, "n_threads");
+    q.n_threads = 2, q.n_only = 2; /* no array */
+    expect_arg(k3_quantize_checkpoint(&q, &e), e, "only");
+    const char *const one_null[] = {"experts", NULL};
+    q.only = one_null;
+    expect_arg(k3_quantize_checkpoint(&q, &e), e, "pattern 1");
+    q.only = NULL, q.n_only = 0, q.n_exclude = -1;
+    expect_arg(k3_quantize_checkpoint(&q, &e), e, "exclude");
+}
+
+/* Overwrites the data section of every shard with 0xFF bytes (NaN in BF16 and F32), leaving
+ * the headers valid: the failure then happens in a writer thread, past every argument check. */
+static void poison(const char *dir) {
+    k3_checkpoint *ck = NULL;
+    k3_error e = {0};
+    assert_int_equal(k3_checkpoint_open(&ck, dir, &e), K3_OK);
+    for (size_t i = 0; i < k3_checkpoint_shard_count(ck); i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, k3_checkpoint_shard_name(ck, i));
+        FILE *f = fopen(path, "r+b");
+        assert_non_null(f);
+        uint8_t n8[8];
+        assert_int_equal(fread(n8, 1, 8, f), 8);
+        uint64_t n = 0;
+        for (int b = 7; b >= 0; b--) n = n << 8 | n8[b];
+        assert_int_equal(fseek(f, 0, SEEK_END), 0);
+        long end = ftell(f);
+        assert_int_equal(fseek(f, (long)(8 + n), SEEK_SET), 0);
+        for (long p = (long)(8 + n); p < end; p++) fputc(0xFF, f);
+        assert_int_equal(fclose(f), 0);
+    }
+    k3_checkpoint_close(ck);
+}
+
+static void test_null_err_in_worker_failure(void **s) {
+    (void)s;
+    char in[400], out[400];
+    snprintf(in, sizeof in, "%s/nan", root);
+    snprintf(out, sizeof out, "%s/nan-out", root);
+    k3_error e = {0};
+    k3_make_tiny_opts t = {.dir = in, .format = "bf16", .n_threads = 2};
+    assert_int_equal(k3_make_tiny_checkpoint(&t, &e), K3_OK);
+    poison(in);
+    k3_quantize_opts q = {.in = in, .out = out, .to = "nvfp4", .n_threads = 2};
+    assert_int_equal(k3_quantize_checkpoint(&q, &e), K3_ERR_NUMERIC);
+    /* in a child: the bug this guards against was a write through err == NULL */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* cmocka's handler would run the remaining tests here */
+        _exit(k3_quantize_checkpoint(&q, NULL) == K3_ERR_NUMERIC ? 0 : 1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st)) fail_msg("k3_quantize_checkpoint(err = NULL) died of signal %d", WTERMSIG(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_checkpoint),
         cmocka_unit_test(test_null_pointers_on_checkpoint),
         cmocka_unit_test(test_model_open_options),
+        cmocka_unit_test(test_writer_options),
+        cmocka_unit_test(test_null_err_in_worker_failure),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -289,7 +289,10 @@ int k3_emit(const char *dir, k3_emit_item *items, size_t n, int n_shards, uint64
                 if (pthread_create(&th[nt], NULL, worker, &R)) break;
             if (nt == 0) worker(&R);
             for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
-            if (R.rc) rc = R.rc, *err = R.err;
+            if (R.rc) {
+                rc = R.rc;
+                if (err) *err = R.err;
+            }
         }
         if (!rc) rc = k3_st_writer_finish(R.w, err);
         k3_st_writer_free(R.w);

@@ -65,6 +65,9 @@ static int parse_to(const char *to, k3_qscheme *s, k3_error *err) {
 
 static int compile_all(k3_qpattern **out, const char *const *re, int n, const char *flag,
                        k3_error *err) {
+    if (n < 0) return k3_fail(err, K3_ERR_ARG, "quantize: %s: %d patterns", flag, n);
+    for (int i = 0; i < n; i++)
+        if (!re || !re[i]) return k3_fail(err, K3_ERR_ARG, "quantize: %s: pattern %d is NULL", flag, i);
     *out = calloc((size_t)(n > 0 ? n : 1), sizeof **out);
     if (!*out) return k3_fail(err, K3_ERR_NOMEM, "quantize: out of memory");
     for (int i = 0; i < n; i++) {
@@ -194,6 +197,8 @@ static int write_config(const char *in, const char *out, const k3_quant_config *
 
 int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
     if (!o || !o->in || !o->out) return k3_fail(err, K3_ERR_ARG, "quantize: IN and OUT are required");
+    if (o->n_threads < 0 || o->n_threads > 256)
+        return k3_fail(err, K3_ERR_ARG, "quantize: n_threads: expected 0..256, found %d", o->n_threads);
     k3_qscheme scheme = K3_QS_NONE;
     int rc = parse_to(o->to, &scheme, err);
     if (rc) return rc;
