@@ -259,9 +259,9 @@ typedef struct k3_bench_moe_opts {
     int n_experts, top_k, hidden, inter; /* 0: the Kimi K3 layer 896, 16, 3584, 3072 */
     int experts_built;     /* distinct experts in memory (routing uses only these);
                               0: as many as fit in mem_budget_gib, at most n_experts */
-    double mem_budget_gib; /* 0: 6 */
+    double mem_budget_gib; /* 0: 6; negative or NaN is an error */
     int threads;           /* 0: all online CPUs */
-    int repeats, warmup;   /* 0: 5 and 1 */
+    int repeats, warmup;   /* 0: 5 and 1 (cuda backends: 20 and 3) */
     uint64_t seed;         /* routing and weights; 0: 1 */
     int warm;              /* 1: one routing per token count and no cache flush between
                               repeats (how micro-benchmarks such as ggml's perf mode run) */

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +186,30 @@ static void test_null_err_in_worker_failure(void **s) {
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+static void test_bench_options(void **s) {
+    (void)s;
+    k3_error e = {0};
+    int tokens[1] = {1};
+    k3_bench_moe_row row;
+    k3_bench_moe_env env;
+    expect_arg(k3_bench_moe(NULL, tokens, 1, &row, &env, &e), e, "opts");
+    k3_bench_moe_opts o = {0};
+    expect_arg(k3_bench_moe(&o, tokens, 1, NULL, &env, &e), e, "rows");
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, NULL, &e), e, "env");
+    expect_arg(k3_bench_moe(&o, NULL, 1, &row, &env, &e), e, "tokens");
+    /* each used to become the default, or to be reported under another field's name */
+    o.warmup = -1;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "warmup");
+    o.warmup = 0, o.repeats = -2;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "repeats");
+    o.repeats = 0, o.mem_budget_gib = -1;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "mem_budget_gib");
+    o.mem_budget_gib = NAN;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "mem_budget_gib");
+    o.mem_budget_gib = 0, o.experts_built = -3;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "experts_built");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_checkpoint),
@@ -192,6 +217,7 @@ int main(void) {
         cmocka_unit_test(test_model_open_options),
         cmocka_unit_test(test_writer_options),
         cmocka_unit_test(test_null_err_in_worker_failure),
+        cmocka_unit_test(test_bench_options),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

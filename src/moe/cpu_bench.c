@@ -493,14 +493,24 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     k3_wfmt fmt = K3_WFMT_NVFP4;
     k3_act_mode mode = K3_MODE_W4A16;
     k3_cpu_isa isa = K3_ISA_AUTO;
+    if (!o) return k3_fail(err, K3_ERR_ARG, "k3_bench_moe: opts: NULL");
+    /* checked before the backend is chosen: the GPU path writes rows and env too */
+    if (!tokens || !rows || !env)
+        return k3_fail(err, K3_ERR_ARG, "k3_bench_moe: %s: NULL", !tokens ? "tokens" : !rows ? "rows" : "env");
+    if (n_tokens < 1) return k3_fail(err, K3_ERR_ARG, "tokens: expected at least one token count");
+    /* a negative or NaN budget would read as "0: the default", a silent replacement */
+    if (!(o->mem_budget_gib >= 0))
+        return k3_fail(err, K3_ERR_ARG, "mem_budget_gib: expected >= 0, found %g", o->mem_budget_gib);
+    if (o->experts_built < 0)
+        return k3_fail(err, K3_ERR_ARG, "experts_built: expected >= 0, found %d", o->experts_built);
+    if (o->repeats < 0) return k3_fail(err, K3_ERR_ARG, "repeats: expected >= 0, found %d", o->repeats);
+    if (o->warmup < 0) return k3_fail(err, K3_ERR_ARG, "warmup: expected >= 0, found %d", o->warmup);
     int rc = parse_opts(o, &fmt, &mode, &isa, err);
     if (rc) return rc;
     const char *be = o->backend ? o->backend : "cpu";
     if (!strcmp(be, "cuda") || !strcmp(be, "cuda-fused"))
         return bench_cuda(o, fmt, mode, tokens, n_tokens, rows, env, err);
     int use_ref = !strcmp(be, "ref");
-    if (n_tokens < 1 || !tokens || !rows || !env)
-        return k3_fail(err, K3_ERR_ARG, "tokens: expected at least one token count");
     memset(env, 0, sizeof *env);
     int E = o->n_experts ? o->n_experts : 896, k = o->top_k ? o->top_k : 16;
     int H = o->hidden ? o->hidden : 3584, I = o->inter ? o->inter : 3072;
@@ -531,8 +541,6 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
         return k3_fail(err, K3_ERR_ARG,
                        "shape: need 1 <= top_k <= experts and hidden, inter multiples of 32, found "
                        "E=%d k=%d H=%d I=%d", E, k, H, I);
-    if (repeats < 1 || warmup < 0)
-        rc = k3_fail(err, K3_ERR_ARG, "repeats: expected >= 1, found %d", repeats);
     for (int i = 0; i < n_tokens && !rc; i++)
         if (tokens[i] < 1 || tokens[i] > 65536)
             rc = k3_fail(err, K3_ERR_ARG, "tokens: expected 1..65536, found %d", tokens[i]);
