@@ -34,6 +34,7 @@ enum {
     K3_STATUS_COUNT
 };
 
+/* A static string; "unknown status" outside [K3_OK, K3_STATUS_COUNT). */
 const char *k3_status_str(int status);
 
 /* Caller-owned error: the callee writes the status and one line naming what is wrong.
@@ -105,7 +106,9 @@ typedef struct k3_checkpoint k3_checkpoint;
 int k3_checkpoint_open(k3_checkpoint **out, const char *path, k3_error *err);
 void k3_checkpoint_close(k3_checkpoint *ck); /* NULL-safe */
 
-/* Tensors are numbered 0..count-1 in name order (strcmp), across all shards. */
+/* Every string a checkpoint accessor returns is owned by the checkpoint and valid until
+ * k3_checkpoint_close. Tensors are numbered 0..count-1 in name order (strcmp), across all
+ * shards. */
 size_t k3_checkpoint_tensor_count(const k3_checkpoint *ck);
 
 typedef struct k3_tensor_info {
@@ -182,12 +185,13 @@ typedef struct k3_model_info {
     uint64_t bytes_read;   /* tensor bytes read from disk */
     uint64_t bytes_kept;   /* tensor bytes held in memory */
     double load_seconds;
-    const char *prefix;    /* "language_model." or "" */
+    const char *prefix;    /* "language_model." or ""; valid until k3_model_close */
 } k3_model_info;
 
 int k3_model_get_info(const k3_model *m, k3_model_info *out);
 
-/* One decoder layer as the checkpoint stores it (valid after a headers_only open too). */
+/* One decoder layer as the checkpoint stores it (valid after a headers_only open too). Its
+ * strings are static. */
 typedef struct k3_layer_info {
     const char *attn;          /* "KDA" or "MLA" */
     const char *ffn;           /* "dense" or "MoE" */
@@ -234,7 +238,7 @@ int k3_make_tiny_checkpoint(const k3_make_tiny_opts *opts, k3_error *err);
  * lm_head are never quantized; every unselected tensor is copied unchanged. */
 typedef struct k3_quantize_opts {
     const char *in, *out;
-    const char *to;
+    const char *to;             /* required: no default format */
     const char *const *only;    /* n_only patterns; a module is selected if any matches */
     int n_only;
     const char *const *exclude; /* n_exclude patterns; a match deselects */

@@ -210,6 +210,17 @@ static void test_bench_options(void **s) {
     expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "experts_built");
 }
 
+static void test_status_and_dtype_strings(void **s) {
+    (void)s;
+    for (int st = K3_OK; st < K3_STATUS_COUNT; st++)
+        for (int o = K3_OK; o < st; o++)
+            if (!strcmp(k3_status_str(st), k3_status_str(o)))
+                fail_msg("statuses %d and %d read the same: %s", o, st, k3_status_str(st));
+    assert_string_equal(k3_status_str(K3_STATUS_COUNT), "unknown status");
+    assert_string_equal(k3_dtype_name((k3_dtype)-1), "INVALID");
+    assert_int_equal(k3_dtype_parse(NULL), K3_DTYPE_INVALID);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_checkpoint),
@@ -218,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_writer_options),
         cmocka_unit_test(test_null_err_in_worker_failure),
         cmocka_unit_test(test_bench_options),
+        cmocka_unit_test(test_status_and_dtype_strings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
