@@ -69,6 +69,9 @@ static void test_null_checkpoint(void **s) {
     assert_string_equal(fmt, "plain"); /* "set on failure too" */
     assert_int_equal(k3_checkpoint_tensor_info(NULL, 0, &ti, NULL), K3_ERR_ARG);
     assert_int_equal(k3_checkpoint_open(NULL, nvfp4, NULL), K3_ERR_ARG);
+    k3_checkpoint *ck = NULL;
+    expect_arg(k3_checkpoint_open(NULL, nvfp4, &e), e, "out");
+    expect_arg(k3_checkpoint_open(&ck, NULL, &e), e, "path");
 }
 
 static void test_null_pointers_on_checkpoint(void **s) {
@@ -96,6 +99,9 @@ static void test_model_open_options(void **s) {
     k3_model_close(NULL);
     expect_arg(k3_model_open(NULL, &o, &e), e, "out");
     assert_int_equal(k3_model_open(NULL, &o, NULL), K3_ERR_ARG);
+    expect_arg(k3_model_open(&m, NULL, &e), e, "opts");
+    k3_model_opts nopath = {0};
+    expect_arg(k3_model_open(&m, &nopath, &e), e, "path");
     /* a rank without ep_size used to load every expert as rank 0 of 1 */
     o.ep_rank = 3;
     expect_arg(k3_model_open(&m, &o, &e), e, "ep_rank");
@@ -133,9 +139,12 @@ static void test_writer_options(void **s) {
     expect_arg(k3_quantize_checkpoint(&q, &e), e, "only");
     const char *const one_null[] = {"experts", NULL};
     q.only = one_null;
-    expect_arg(k3_quantize_checkpoint(&q, &e), e, "pattern 1");
+    expect_arg(k3_quantize_checkpoint(&q, &e), e, "only[1]");
     q.only = NULL, q.n_only = 0, q.n_exclude = -1;
-    expect_arg(k3_quantize_checkpoint(&q, &e), e, "exclude");
+    expect_arg(k3_quantize_checkpoint(&q, &e), e, "n_exclude");
+    expect_arg(k3_quantize_checkpoint(NULL, &e), e, "opts");
+    k3_quantize_opts noin = {.out = out, .to = "nvfp4"};
+    expect_arg(k3_quantize_checkpoint(&noin, &e), e, "in");
 }
 
 /* Overwrites the data section of every shard with 0xFF bytes (NaN in BF16 and F32), leaving
@@ -208,6 +217,11 @@ static void test_bench_options(void **s) {
     expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "mem_budget_gib");
     o.mem_budget_gib = 0, o.experts_built = -3;
     expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "experts_built");
+    /* a checkpoint's layer replaces the synthetic one, whose options would be ignored */
+    o.experts_built = 0, o.model_dir = "unused", o.n_experts = 8;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "n_experts");
+    o.n_experts = 0, o.mem_budget_gib = 2;
+    expect_arg(k3_bench_moe(&o, tokens, 1, &row, &env, &e), e, "mem_budget_gib");
 }
 
 static void test_status_and_dtype_strings(void **s) {

@@ -231,8 +231,7 @@ static int bench_moe(int argc, char **argv) {
             if (strcmp(v, "md") && strcmp(v, "csv") && strcmp(v, "json"))
                 return cli_fail(cmd, "-o: expected md, csv or json, got '%s'", v);
             out = v;
-        } else
-            return cli_fail_unknown(cmd, a);
+        }
     }
     if (o.model_dir && synthetic)
         return cli_fail(cmd, "%s: describes the synthetic K3 layer, which -m %s replaces with the "

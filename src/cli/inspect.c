@@ -7,8 +7,9 @@
  * its sibling tensors (checkpoint-formats.md §3-§6, §8.2 item 6): NVFP4 (ModelOpt and
  * compressed-tensors), MXFP4, MXFP8, FP8 128x128 blocks, or plain. Scale tensors are reported
  * as part of their weight. The judgement and its checks are the loader's
- * (k3_checkpoint_weight_format), so inspect accepts no set a load would refuse: a problem is
- * shown in the report, names the tensor at fault, and makes the exit status 1.
+ * (k3_checkpoint_weight_format), so inspect accepts no set a load would refuse, except a lone
+ * weight (reported by its dtype) and MXFP8, which k3 does not load: a problem is shown in the
+ * report, names the tensor at fault, and makes the exit status 1.
  *
  * The pieces are separate functions (classify, text report, JSON report). For a model
  * directory (with config.json) a per-layer summary follows, read through k3_model_open with

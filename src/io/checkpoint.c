@@ -211,7 +211,7 @@ static int open_dir(k3_checkpoint *ck, k3_error *err) {
 
 int k3_checkpoint_open(k3_checkpoint **out, const char *path, k3_error *err) {
     if (!out || !path)
-        return k3_fail(err, K3_ERR_ARG, "k3_checkpoint_open: NULL argument");
+        return k3_fail(err, K3_ERR_ARG, "k3_checkpoint_open: %s: NULL", !out ? "out" : "path");
     *out = NULL;
     struct stat st;
     if (stat(path, &st) != 0)

@@ -441,7 +441,7 @@ static int detect_prefix(k3_model *m, const char **prefix, k3_error *err) {
 int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
     if (!out) return k3_fail(err, K3_ERR_ARG, "k3_model_open: out: NULL");
     *out = NULL;
-    if (!o || !o->path) return k3_fail(err, K3_ERR_ARG, "k3_model_open: path: missing");
+    if (!o || !o->path) return k3_fail(err, K3_ERR_ARG, "k3_model_open: %s: NULL", !o ? "opts" : "path");
     int ep_size = o->ep_size > 1 ? o->ep_size : 1, ep_rank = o->ep_size > 1 ? o->ep_rank : 0;
     if (o->ep_size < 0) return k3_fail(err, K3_ERR_ARG, "k3_model_open: ep_size: expected >= 0, found %d", o->ep_size);
     /* a rank given without ep_size would otherwise load every expert, as rank 0 of 1 */

@@ -65,9 +65,10 @@ static int parse_to(const char *to, k3_qscheme *s, k3_error *err) {
 
 static int compile_all(k3_qpattern **out, const char *const *re, int n, const char *flag,
                        k3_error *err) {
-    if (n < 0) return k3_fail(err, K3_ERR_ARG, "quantize: %s: %d patterns", flag, n);
+    /* flag is the CLI spelling ("--only"); the struct fields are only / n_only */
+    if (n < 0) return k3_fail(err, K3_ERR_ARG, "quantize: n_%s: expected >= 0, found %d", flag + 2, n);
     for (int i = 0; i < n; i++)
-        if (!re || !re[i]) return k3_fail(err, K3_ERR_ARG, "quantize: %s: pattern %d is NULL", flag, i);
+        if (!re || !re[i]) return k3_fail(err, K3_ERR_ARG, "quantize: %s[%d]: NULL", flag + 2, i);
     *out = calloc((size_t)(n > 0 ? n : 1), sizeof **out);
     if (!*out) return k3_fail(err, K3_ERR_NOMEM, "quantize: out of memory");
     for (int i = 0; i < n; i++) {
@@ -196,7 +197,8 @@ static int write_config(const char *in, const char *out, const k3_quant_config *
 }
 
 int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
-    if (!o || !o->in || !o->out) return k3_fail(err, K3_ERR_ARG, "quantize: IN and OUT are required");
+    if (!o || !o->in || !o->out)
+        return k3_fail(err, K3_ERR_ARG, "quantize: %s: NULL (IN and OUT are required)", !o ? "opts" : !o->in ? "in" : "out");
     if (o->n_threads < 0 || o->n_threads > 256)
         return k3_fail(err, K3_ERR_ARG, "quantize: n_threads: expected 0..256, found %d", o->n_threads);
     k3_qscheme scheme = K3_QS_NONE;

@@ -518,6 +518,13 @@ int k3_bench_moe(const k3_bench_moe_opts *o, const int *tokens, int n_tokens,
     k3_model *model = NULL;
     const k3_experts *mex = NULL; /* the checkpoint's experts (-m) */
     if (o->model_dir) {
+        /* the checkpoint's layer replaces the synthetic one: its options would be ignored */
+        const char *syn = o->n_experts ? "n_experts" : o->top_k ? "top_k" : o->hidden ? "hidden"
+                          : o->inter ? "inter" : o->format ? "format" : o->experts_built ? "experts_built"
+                          : o->mem_budget_gib > 0 ? "mem_budget_gib" : NULL;
+        if (syn)
+            return k3_fail(err, K3_ERR_ARG, "%s: describes the synthetic layer, which model_dir %s replaces",
+                           syn, o->model_dir);
         int layer = o->layer;
         k3_model_opts mo = {.path = o->model_dir, .n_threads = threads, .layers = &layer,
                             .n_layers = 1, .progress = 1};
