@@ -921,16 +921,7 @@ static void test_expert_format_per_layer(void **s) {
     tlist *L = calloc(1, sizeof *L), *M = calloc(1, sizeof *M);
     tl_load(L, ckpt[K3_TINY_NVFP4]);
     tl_load(M, ckpt[K3_TINY_MXFP4]);
-    const char *x3 = P "3.block_sparse_moe.experts.";
-    for (size_t i = 0; i < L->n;)
-        if (strstr(L->t[i].name, x3)) tl_drop(L, L->t[i].name);
-        else i++;
-    for (size_t i = 0; i < M->n; i++) {
-        const k3_st_wtensor *t = &M->t[i];
-        if (!strstr(t->name, x3)) continue;
-        size_t nb = (size_t)(t->shape[0] * t->shape[1]); /* U8 codes and E8M0 scales */
-        memcpy(wdata(tl_add(L, t->name, t->dtype, 2, t->shape[0], t->shape[1], nb)), t->data, nb);
-    }
+    tl_take(L, M, P "3.block_sparse_moe.experts.");
     const char *d = tl_write(L, ckpt[K3_TINY_NVFP4], "per-layer");
     edit_json(d, "hf_quant_config.json", "layers.3.block_sparse_moe.experts");
     edit_json(d, "hf_quant_config.json", "layers.3.mlp.experts");

@@ -24,25 +24,23 @@
  * uint64 (an empty tensor can carry one, §1.4). Real headers have none, so the table is
  * normally empty; ordinals are increasing, so lookups are a binary search. */
 typedef struct bignums {
-    size_t *ord;
-    uint64_t *val;
+    struct bignum {
+        size_t ord;
+        uint64_t val;
+    } *v;
     size_t n, cap;
 } bignums;
 
 static bool big_put(bignums *b, size_t ord, uint64_t v) {
     if (b->n == b->cap) {
         size_t cap = b->cap ? 2 * b->cap : 16;
-        size_t *o = realloc(b->ord, cap * sizeof *o);
-        if (o)
-            b->ord = o;
-        uint64_t *x = o ? realloc(b->val, cap * sizeof *x) : NULL;
+        struct bignum *x = realloc(b->v, cap * sizeof *x);
         if (!x)
             return false;
-        b->val = x;
+        b->v = x;
         b->cap = cap;
     }
-    b->ord[b->n] = ord;
-    b->val[b->n++] = v;
+    b->v[b->n++] = (struct bignum){ord, v};
     return true;
 }
 
@@ -50,11 +48,11 @@ static bool big_get(const bignums *b, size_t ord, uint64_t *v) {
     size_t lo = 0, hi = b->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (b->ord[mid] == ord) {
-            *v = b->val[mid];
+        if (b->v[mid].ord == ord) {
+            *v = b->v[mid].val;
             return true;
         }
-        if (b->ord[mid] < ord)
+        if (b->v[mid].ord < ord)
             lo = mid + 1;
         else
             hi = mid;
@@ -388,8 +386,7 @@ int k3_st_parse_header(k3_st_file *f, const char *hdr, size_t len, k3_error *err
         rc = k3_fail(err, K3_ERR_NOMEM, "%s: out of memory for the header's numbers", f->path);
     else
         rc = parse_tree(f, root, &big, err);
-    free(big.ord);
-    free(big.val);
+    free(big.v);
     cJSON_Delete(root);
     if (!rc && bad != SIZE_MAX)
         rc = k3_fail(err, K3_ERR_FORMAT,

@@ -99,10 +99,16 @@ typedef struct ctx_t {
     bool inferred; /* the scheme came from the tensors, not a declaration (messages say so) */
 } dctx;
 
-static const k3_tview *get(const dctx *c, const char *suffix) {
+/* The module's tensor with this suffix, or NULL. */
+static const k3_tview *look(const dctx *c, const char *suffix) {
     char name[512];
     if (snprintf(name, sizeof name, "%s.%s", c->module, suffix) >= (int)sizeof name) return NULL;
-    const k3_tview *t = c->find(c->ctx, name);
+    return c->find(c->ctx, name);
+}
+
+/* look, marking what is found as consumed (the decoder's strays check relies on it). */
+static const k3_tview *get(const dctx *c, const char *suffix) {
+    const k3_tview *t = look(c, suffix);
     if (t && c->mark) c->mark(c->ctx, t->name);
     return t;
 }
@@ -347,12 +353,7 @@ static bool is_plain(k3_dtype d) {
 static bool is_e8m0(k3_dtype d) { return d == K3_DTYPE_U8 || d == K3_DTYPE_F8_E8M0; }
 
 /* Looked up without marking: inference only looks, the decoder marks what it consumes. */
-static const k3_tview *peek(const dctx *c, int sfx) {
-    char name[512];
-    if (snprintf(name, sizeof name, "%s.%s", c->module, k3_qsuffix[sfx]) >= (int)sizeof name)
-        return NULL;
-    return c->find(c->ctx, name);
-}
+static const k3_tview *peek(const dctx *c, int sfx) { return look(c, k3_qsuffix[sfx]); }
 
 static k3_qscheme infer(const dctx *c) {
     const k3_tview *w = peek(c, K3_SFX_WEIGHT), *p = peek(c, K3_SFX_WEIGHT_PACKED);

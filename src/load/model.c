@@ -267,6 +267,14 @@ static int check_a_log(const k3_tview *t, int64_t heads, int64_t pad, k3_error *
 }
 
 /* (4): decode every selected entry; w1/w3 input_scale agreement per expert. */
+/* w1's and w3's tensors with suffix sfx (expert plan entries i and i + 2), named in n1 / n3. */
+static void w13_views(k3_model *m, size_t i, const char *sfx, char n1[600], char n3[600],
+                      const k3_tview **t1, const k3_tview **t3) {
+    snprintf(n1, 600, "%s.%s", m->plan.e[i].name, sfx);
+    snprintf(n3, 600, "%s.%s", m->plan.e[i + 2].name, sfx);
+    *t1 = find_view(m, n1), *t3 = find_view(m, n3);
+}
+
 static int decode_all(k3_model *m, k3_error *err) {
     for (size_t i = 0; i < m->plan.n; i++) {
         const k3_pentry *e = &m->plan.e[i];
@@ -310,9 +318,8 @@ static int decode_all(k3_model *m, k3_error *err) {
         bool ct = m->le[i].scheme == K3_QS_NVFP4_CT;
         char n1[600], n3[600];
         float v1 = 0, v3 = 0;
-        snprintf(n1, sizeof n1, "%s.%s", e->name, ct ? "input_global_scale" : "input_scale");
-        snprintf(n3, sizeof n3, "%s.%s", m->plan.e[i + 2].name, ct ? "input_global_scale" : "input_scale");
-        const k3_tview *t1 = find_view(m, n1), *t3 = find_view(m, n3);
+        const k3_tview *t1, *t3;
+        w13_views(m, i, ct ? "input_global_scale" : "input_scale", n1, n3, &t1, &t3);
         if (!t1 != !t3)
             return k3_fail(err, K3_ERR_MISSING, "%s: missing, but %s is present (one activation "
                            "scale feeds both, TensorRT-LLM asserts they are equal)",
@@ -324,9 +331,7 @@ static int decode_all(k3_model *m, k3_error *err) {
             return k3_fail(err, K3_ERR_FORMAT, "%s: %.9g, but %s: %.9g (one activation scale feeds "
                            "both; TensorRT-LLM asserts they are equal)", n1, (double)v1, n3,
                            (double)v3);
-        snprintf(n1, sizeof n1, "%s.%s", e->name, ct ? "weight_global_scale" : "weight_scale_2");
-        snprintf(n3, sizeof n3, "%s.%s", m->plan.e[i + 2].name, ct ? "weight_global_scale" : "weight_scale_2");
-        t1 = find_view(m, n1), t3 = find_view(m, n3);
+        w13_views(m, i, ct ? "weight_global_scale" : "weight_scale_2", n1, n3, &t1, &t3);
         if (!t1 || !t3) return k3_fail(err, K3_ERR_INTERNAL, "%s: decoded without it", t1 ? n3 : n1);
         if ((rc = k3_decode_scalar(t1, &v1, err)) || (rc = k3_decode_scalar(t3, &v3, err))) return rc;
         if (v1 != v3 && !ws2_differ++) {

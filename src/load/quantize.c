@@ -149,31 +149,46 @@ static int check_out(const char *in, const char *out, k3_error *err) {
     if (so.st_dev == si.st_dev && so.st_ino == si.st_ino)
         return k3_fail(err, K3_ERR_ARG, "quantize: OUT %s is the input directory %s; writing there "
                        "would destroy the input, choose another OUT", out, in);
-    DIR *d = opendir(out);
-    if (!d) return k3_fail(err, K3_ERR_IO, "%s: %s", out, strerror(errno));
+    /* the input's regular files, read once: (device, inode) and name */
+    struct infile {
+        dev_t dev;
+        ino_t ino;
+        char name[4096];
+    } *files = NULL;
+    size_t nf = 0;
+    DIR *di = opendir(in);
+    if (!di) return k3_fail(err, K3_ERR_IO, "%s: %s", in, strerror(errno));
     int rc = K3_OK;
+    for (struct dirent *ie; !rc && (ie = readdir(di));) {
+        char b[4096];
+        struct stat sb;
+        snprintf(b, sizeof b, "%s/%s", in, ie->d_name);
+        if (stat(b, &sb) || !S_ISREG(sb.st_mode)) continue;
+        struct infile *x = realloc(files, (nf + 1) * sizeof *files);
+        if (!x) {
+            rc = k3_fail(err, K3_ERR_NOMEM, "quantize: out of memory");
+            break;
+        }
+        files = x;
+        files[nf].dev = sb.st_dev, files[nf].ino = sb.st_ino;
+        snprintf(files[nf++].name, sizeof files->name, "%s", b);
+    }
+    closedir(di);
+    DIR *d = rc ? NULL : opendir(out);
+    if (!rc && !d) rc = k3_fail(err, K3_ERR_IO, "%s: %s", out, strerror(errno));
     for (struct dirent *de; !rc && (de = readdir(d));) {
         char a[4096];
         struct stat sa;
         snprintf(a, sizeof a, "%s/%s", out, de->d_name);
         if (stat(a, &sa) || !S_ISREG(sa.st_mode)) continue;
-        DIR *di = opendir(in);
-        if (!di) {
-            rc = k3_fail(err, K3_ERR_IO, "%s: %s", in, strerror(errno));
-            break;
-        }
-        for (struct dirent *ie; !rc && (ie = readdir(di));) {
-            char b[4096];
-            struct stat sb;
-            snprintf(b, sizeof b, "%s/%s", in, ie->d_name);
-            if (!stat(b, &sb) && S_ISREG(sb.st_mode) && sb.st_dev == sa.st_dev &&
-                sb.st_ino == sa.st_ino)
+        for (size_t k = 0; k < nf && !rc; k++)
+            if (files[k].dev == sa.st_dev && files[k].ino == sa.st_ino)
                 rc = k3_fail(err, K3_ERR_ARG, "quantize: %s is the input file %s (a link); "
-                             "writing OUT would destroy the input, choose another OUT", a, b);
-        }
-        closedir(di);
+                             "writing OUT would destroy the input, choose another OUT", a,
+                             files[k].name);
     }
-    closedir(d);
+    if (d) closedir(d);
+    free(files);
     return rc;
 }
 

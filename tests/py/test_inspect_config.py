@@ -18,12 +18,16 @@ def k3(*args):
     return subprocess.run([K3, *args], capture_output=True, text=True)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny") / "ck"
-    p = k3("make-tiny", str(d), "--format", "nvfp4", "--seed", "3")
+def make_tiny(tmp_path_factory, fmt):
+    d = tmp_path_factory.mktemp(fmt) / "ck"
+    p = k3("make-tiny", str(d), "--format", fmt, "--seed", "3")
     assert p.returncode == 0, p.stderr
     return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory, "nvfp4")
 
 
 def edit_config(src, dst, fn, name="config.json"):
@@ -70,10 +74,7 @@ def test_other_model_is_only_a_note(tiny, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_ct(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_ct") / "ck"
-    p = k3("make-tiny", str(d), "--format", "nvfp4-ct", "--seed", "3")
-    assert p.returncode == 0, p.stderr
-    return d
+    return make_tiny(tmp_path_factory, "nvfp4-ct")
 
 
 def test_malformed_quant_declaration_fails(tiny, tiny_ct, tmp_path):
