@@ -91,6 +91,12 @@ static void *worker_main(void *argp) {
     }
 }
 
+int k3_threads_check(const char *who, int n_threads, k3_error *err) {
+    if (n_threads < 0 || n_threads > K3_THREADS_MAX)
+        return k3_fail(err, K3_ERR_ARG, "%s: n_threads: expected 0..%d, found %d", who, K3_THREADS_MAX, n_threads);
+    return K3_OK;
+}
+
 int k3_threadpool_create(int n_threads, k3_threadpool **out, k3_error *err) {
     *out = NULL;
     if (n_threads < 1 || n_threads > K3_THREADS_MAX)

@@ -28,6 +28,10 @@ typedef enum k3_sched { K3_SCHED_STATIC = 0, K3_SCHED_DYNAMIC } k3_sched;
 /* fn runs items [begin, end) of the range on thread `thread` (0 = the caller). */
 typedef void (*k3_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 
+/* An API's thread-count option: 0 (the online CPUs) .. K3_THREADS_MAX, else K3_ERR_ARG naming
+ * "who: n_threads". */
+int k3_threads_check(const char *who, int n_threads, k3_error *err);
+
 /* n_threads in [1, K3_THREADS_MAX]; 1 makes a pool without workers. */
 int k3_threadpool_create(int n_threads, k3_threadpool **out, k3_error *err);
 void k3_threadpool_free(k3_threadpool *pool); /* NULL is fine */

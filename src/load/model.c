@@ -8,6 +8,7 @@
  * the MoE blocks. Left out: device upload and kernel-specific re-layouts (the backends make
  * those from the k3_qmat file layout). */
 #include "load/model.h"
+#include "base/threadpool.h"
 
 #include "formats/fp.h"
 #include "moe/activation.h"
@@ -456,8 +457,8 @@ int k3_model_open(k3_model **out, const k3_model_opts *o, k3_error *err) {
     if (o->n_layers < 0 || (!o->layers && o->n_layers > 0))
         return k3_fail(err, K3_ERR_ARG, "k3_model_open: n_layers: %d %s", o->n_layers,
                        o->n_layers < 0 ? "is negative" : "entries, but layers is NULL");
-    if (o->n_threads < 0 || o->n_threads > 256)
-        return k3_fail(err, K3_ERR_ARG, "k3_model_open: n_threads: expected 0..256, found %d", o->n_threads);
+    int trc = k3_threads_check("k3_model_open", o->n_threads, err);
+    if (trc) return trc;
     double t0 = k3_now();
     k3_model *m = calloc(1, sizeof *m);
     if (!m || !(m->path = strdup(o->path))) {

@@ -15,6 +15,7 @@
  * a W4A4 run must then compute its activation scale at run time). */
 #include "load/emit.h"
 #include "load/model.h"
+#include "base/threadpool.h"
 
 #include "formats/fp.h"
 #include "moe/activation.h"
@@ -214,8 +215,8 @@ static int write_config(const char *in, const char *out, const k3_quant_config *
 int k3_quantize_checkpoint(const k3_quantize_opts *o, k3_error *err) {
     if (!o || !o->in || !o->out)
         return k3_fail(err, K3_ERR_ARG, "quantize: %s: NULL (IN and OUT are required)", !o ? "opts" : !o->in ? "in" : "out");
-    if (o->n_threads < 0 || o->n_threads > 256)
-        return k3_fail(err, K3_ERR_ARG, "quantize: n_threads: expected 0..256, found %d", o->n_threads);
+    int trc = k3_threads_check("quantize", o->n_threads, err);
+    if (trc) return trc;
     k3_qscheme scheme = K3_QS_NONE;
     int rc = parse_to(o->to, &scheme, err);
     if (rc) return rc;

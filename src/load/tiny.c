@@ -3,6 +3,7 @@
  * fourth layer and at the last, SiTU, latent MoE with a norm, shared experts, noaux_tc
  * routing) at widths that satisfy the format constraints (in % 32 for MXFP4 everywhere). */
 #include "load/tiny.h"
+#include "base/threadpool.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -144,8 +145,8 @@ int k3_tiny_quant(k3_tiny_format fmt, const k3_model_config *mc, k3_quant_config
 
 int k3_make_tiny_checkpoint(const k3_make_tiny_opts *o, k3_error *err) {
     if (!o) return k3_fail(err, K3_ERR_ARG, "make-tiny: options: missing");
-    if (o->n_threads < 0 || o->n_threads > 256)
-        return k3_fail(err, K3_ERR_ARG, "make-tiny: n_threads: expected 0..256, found %d", o->n_threads);
+    int trc = k3_threads_check("make-tiny", o->n_threads, err);
+    if (trc) return trc;
     k3_tiny_opts t = {.dir = o->dir, .seed = o->seed, .n_threads = o->n_threads,
                       .progress = o->progress != 0};
     if (k3_tiny_format_parse(o->format ? o->format : "nvfp4", &t.format))
