@@ -9,6 +9,8 @@
 #   e.g. a branch's, compiled against this tree's libk3.a (headers in SRC shadow src/).
 #   PATCH: a diff against this tree (lab/pending/*.patch, `git diff` form) applied to a copy of
 #   src/ that is then used as SRC.
+#   TEST_C: the GPU test source for WITH_TEST=1 (default tests/test_cuda_moe.c), e.g. a branch's.
+# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7514).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1; shift
@@ -29,7 +31,10 @@ objs=()
 for unit in ${units//,/ }; do
   case $unit in moe_run|moe_prefill|moe_prefill_ws) ;; *) echo "variant.sh: unknown unit $unit" >&2; exit 2;; esac
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude -Xcompiler -fPIC \
-       --compress-mode=size "$@" -c -o "$tmp/$unit.o" "$src/cuda/$unit.cu"
+       --compress-mode=size "$@" -c -o "$tmp/$unit.o" "$src/cuda/$unit.cu" 2> "$tmp/$unit.log" \
+    || { cat "$tmp/$unit.log" >&2; exit 1; }
+  cat "$tmp/$unit.log" >&2
+  if grep -q C7514 "$tmp/$unit.log"; then echo "variant.sh: $unit: ptxas serialized a wgmma (C7514)" >&2; exit 1; fi
   objs+=("$tmp/$unit.o")
 done
 libs="build/libk3.a -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lstdc++ -lcjson -lpcre2-8 -lm -pthread"
@@ -38,7 +43,7 @@ cc -O2 -std=c11 -D_GNU_SOURCE -pthread -Iinclude -Isrc -DK3_HAVE_CUDA=1 -o lab/b
 strip lab/bin/bench_$name
 if [ "${WITH_TEST:-0}" = 1 ]; then
   cc -O2 -std=c11 -D_GNU_SOURCE -pthread -Iinclude -Isrc -DK3_HAVE_CUDA=1 -o lab/bin/test_$name \
-     tests/test_cuda_moe.c "${objs[@]}" -lcmocka $libs
+     "${TEST_C:-tests/test_cuda_moe.c}" "${objs[@]}" -lcmocka $libs
   strip lab/bin/test_$name
   echo "lab/bin/test_$name"
 fi
