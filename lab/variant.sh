@@ -18,7 +18,7 @@ units=moe_run
 case "${1:-}" in moe_run*|moe_prefill*) units=$1; shift;; esac
 CUDA_HOME=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")
 mkdir -p lab/bin
-if ar t build/libk3.a | grep -q cuda_absent; then
+if ar t build/libk3.a | grep cuda_absent > /dev/null; then  # (grep -q could end ar by SIGPIPE: pipefail)
   echo "variant.sh: build/libk3.a holds cuda_absent.o (a build without nvcc): run make with nvcc on PATH" >&2; exit 1
 fi
 tmp=$(mktemp -d)
