@@ -113,8 +113,8 @@ static void print_table(const char *fmt, const k3_bench_moe_env *env, const k3_b
         double fpct = env->fma_gflops > 0 ? 100 * gfl / env->fma_gflops : 0;
         double mem_floor_ms = r->weight_bytes / (bw * 1e9) * 1e3;
         double flop_floor_ms = env->fma_gflops > 0 ? r->flops / (env->fma_gflops * 1e9) * 1e3 : 0;
-        if (csv)
-            printf("%s,%s,%s,%s,%d,%d,%.1f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.1f,%.2f,%.4f,%.1f\n",
+        if (csv) /* for machines: six significant digits, so the columns agree with each other at any size */
+            printf("%s,%s,%s,%s,%d,%d,%.1f,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g\n",
                    env->backend, env->format, env->mode, env->isa, env->threads, r->tokens,
                    r->experts_touched, r->t_median_s * 1e3, r->t_min_s * 1e3, r->t_max_s * 1e3,
                    gbs, bw, mem_floor_ms, 100 * gbs / bw, gfl, flop_floor_ms, fpct);
