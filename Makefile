@@ -90,15 +90,10 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-# ptxas reports a kernel whose wgmma it had to serialize (C7514) only as information, and the
-# kernel still runs, slower: the build fails on it instead (lab/NOTES.md v34).
+# tools/nvcc-checked fails a unit whose ptxas serialized a kernel's wgmma (C7514).
 $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
-	@echo "$(NVCC) $(NVFLAGS) -c -o $@ $<"
-	@$(NVCC) $(NVFLAGS) -c -o $@ $< 2> $@.log; rc=$$?; cat $@.log >&2; \
-	if [ $$rc -eq 0 ] && grep -q C7514 $@.log; then \
-	  echo "$<: ptxas serialized the wgmma of a kernel (C7514 above)" >&2; rc=1; fi; \
-	rm -f $@.log; [ $$rc -eq 0 ] || { rm -f $@; exit 1; }
+	tools/nvcc-checked $(NVCC) $(NVFLAGS) -c -o $@ $<
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libk3.a
 	@mkdir -p $(@D)

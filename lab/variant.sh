@@ -10,7 +10,7 @@
 #   PATCH: a diff against this tree (lab/pending/*.patch, `git diff` form) applied to a copy of
 #   src/ that is then used as SRC.
 #   TEST_C: the GPU test source for WITH_TEST=1 (default tests/test_cuda_moe.c), e.g. a branch's.
-# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7514).
+# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7514: tools/nvcc-checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1; shift
@@ -33,11 +33,8 @@ fi
 objs=()
 for unit in ${units//,/ }; do
   case $unit in moe_run|moe_prefill|moe_prefill_ws) ;; *) echo "variant.sh: unknown unit $unit" >&2; exit 2;; esac
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude -Xcompiler -fPIC \
-       --compress-mode=size "$@" -c -o "$tmp/$unit.o" "$src/cuda/$unit.cu" 2> "$tmp/$unit.log" \
-    || { cat "$tmp/$unit.log" >&2; exit 1; }
-  cat "$tmp/$unit.log" >&2
-  if grep -q C7514 "$tmp/$unit.log"; then echo "variant.sh: $unit: ptxas serialized a wgmma (C7514)" >&2; exit 1; fi
+  tools/nvcc-checked nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude \
+       -Xcompiler -fPIC --compress-mode=size "$@" -c -o "$tmp/$unit.o" "$src/cuda/$unit.cu"
   objs+=("$tmp/$unit.o")
 done
 libs="build/libk3.a -L$CUDA_HOME/lib64 -lcudart_static -ldl -lrt -lstdc++ -lcjson -lpcre2-8 -lm -pthread"
