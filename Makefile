@@ -90,7 +90,7 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-# tools/nvcc-checked fails a unit whose ptxas serialized a kernel's wgmma (C7514).
+# tools/nvcc-checked fails a unit whose ptxas serialized a kernel's wgmma (C7512 or C7514).
 $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	tools/nvcc-checked $(NVCC) $(NVFLAGS) -c -o $@ $<

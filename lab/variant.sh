@@ -10,7 +10,7 @@
 #   PATCH: a diff against this tree (lab/pending/*.patch, `git diff` form) applied to a copy of
 #   src/ that is then used as SRC.
 #   TEST_C: the GPU test source for WITH_TEST=1 (default tests/test_cuda_moe.c), e.g. a branch's.
-# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7514: tools/nvcc-checked).
+# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7512 or C7514: tools/nvcc-checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1; shift
