@@ -112,8 +112,11 @@ __host__ __device__ constexpr int wp_stage_bytes(int tn, int np) {
 static_assert(wp_stage_bytes(48, 1) % 1024 == 0 && wp_stage_bytes(80, 1) % 1024 == 0 &&
                   wp_stage_bytes(128, 1) % 1024 == 0 && wp_stage_bytes(160, 1) % 1024 == 0,
               "k_wgp: stages on 1024-byte boundaries");
+#ifndef WP_MAX_STAGES /* ring depth cap (lab builds may set it; each stage costs two mbarriers) */
+#define WP_MAX_STAGES 8
+#endif
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
-    return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < 8 ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : 8;
+    return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < WP_MAX_STAGES ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : WP_MAX_STAGES;
 }
 __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stages(tn, np) * wp_stage_bytes(tn, np); }
 
@@ -333,10 +336,11 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
                                                                const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap smap) {
     constexpr int ST = wp_stages(TN, NP), TILES = wp_tiles(TN), MTW = wp_mtw(TN, FC2);
     extern __shared__ __align__(1024) uint8_t wsm[];
-    __shared__ __align__(8) uint64_t bars[17];
+    __shared__ __align__(8) uint64_t bars[2 * WP_MAX_STAGES + 1];
     __shared__ __align__(16) WpTab<TN> tab;
     const int tid = threadIdx.x, lane = tid & 31;
-    const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * 8, tempty = full + 8 * 16;
+    const uint32_t sbase = wg_align1024(smem_u32(wsm)), full = smem_u32(bars), empty = full + 8 * WP_MAX_STAGES,
+                   tempty = full + 16 * WP_MAX_STAGES;
     if (tid == 0) {
         for (int b = 0; b < ST; b++) {
             mbar_init(full + 8 * b, WP_PRODUCERS);
