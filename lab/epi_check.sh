@@ -5,7 +5,7 @@
 #   st12:     WITH_TEST=1 lab/variant.sh st12 moe_prefill_ws -DWP_MAX_STAGES=12
 #   amax:     PATCH=lab/pending/fc1_hmax_shared.patch WITH_TEST=1 lab/variant.sh amax moe_prefill_ws
 #   amax12:   PATCH=lab/pending/fc1_hmax_shared.patch lab/variant.sh amax12 moe_prefill_ws -DWP_MAX_STAGES=12
-#   probe(12): the same with PATCH=lab/pending/wgp_probe.patch, compiled without tools/nvcc-checked
+#   probe(12): NVCC_CHECK=0 PATCH=lab/pending/wgp_probe.patch lab/variant.sh probe moe_prefill_ws (probe12: + the -D)
 #             (its counters serialize the wgmma of the two-term 80-token and FC2 kernels; the FC1
 #             48 / 160 SiTU kernels it reads are not among them)
 # Prints a T = 8 smoke per binary, the wgmma-path tests, the probes (CTA 0's cycles: producer

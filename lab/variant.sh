@@ -10,7 +10,8 @@
 #   PATCH: a diff against this tree (lab/pending/*.patch, `git diff` form) applied to a copy of
 #   src/ that is then used as SRC.
 #   TEST_C: the GPU test source for WITH_TEST=1 (default tests/test_cuda_moe.c), e.g. a branch's.
-# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7512 or C7514: tools/nvcc-checked).
+# Fails, as the Makefile does, when ptxas reports a serialized wgmma (C7512 or C7514: tools/nvcc-checked);
+# NVCC_CHECK=0 skips that check (a probe whose counters cost the registers, lab/epi_check.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1; shift
@@ -33,7 +34,7 @@ fi
 objs=()
 for unit in ${units//,/ }; do
   case $unit in moe_run|moe_prefill|moe_prefill_ws) ;; *) echo "variant.sh: unknown unit $unit" >&2; exit 2;; esac
-  tools/nvcc-checked nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude \
+  $([ "${NVCC_CHECK:-1}" = 0 ] || echo tools/nvcc-checked) nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude \
        -Xcompiler -fPIC --compress-mode=size "$@" -c -o "$tmp/$unit.o" "$src/cuda/$unit.cu"
   objs+=("$tmp/$unit.o")
 done
