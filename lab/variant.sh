@@ -31,10 +31,12 @@ if [ -n "${PATCH:-}" ]; then
   patch -s -d "$tmp/tree" -p1 < "$PATCH"
   src=$tmp/tree/src
 fi
+check=tools/nvcc-checked
+[ "${NVCC_CHECK:-1}" = 0 ] && check=
 objs=()
 for unit in ${units//,/ }; do
   case $unit in moe_run|moe_prefill|moe_prefill_ws) ;; *) echo "variant.sh: unknown unit $unit" >&2; exit 2;; esac
-  $([ "${NVCC_CHECK:-1}" = 0 ] || echo tools/nvcc-checked) nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude \
+  $check nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$src" -Isrc -Iinclude \
        -Xcompiler -fPIC --compress-mode=size "$@" -c -o "$tmp/$unit.o" "$src/cuda/$unit.cu"
   objs+=("$tmp/$unit.o")
 done

@@ -116,7 +116,8 @@ static_assert(wp_stage_bytes(48, 1) % 1024 == 0 && wp_stage_bytes(80, 1) % 1024 
 #define WP_MAX_STAGES 8
 #endif
 __host__ __device__ constexpr int wp_stages(int tn, int np) {
-    return WP_SMEM_BUDGET / wp_stage_bytes(tn, np) < WP_MAX_STAGES ? WP_SMEM_BUDGET / wp_stage_bytes(tn, np) : WP_MAX_STAGES;
+    const int fit = WP_SMEM_BUDGET / wp_stage_bytes(tn, np);
+    return fit < WP_MAX_STAGES ? fit : WP_MAX_STAGES;
 }
 __host__ __device__ constexpr int wp_smem_bytes(int tn, int np) { return wp_stages(tn, np) * wp_stage_bytes(tn, np); }
 
