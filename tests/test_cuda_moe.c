@@ -555,6 +555,15 @@ static void test_explicit_errors(void **s) {
     int32_t ids[2] = {3, 16};
     assert_int_equal(k3_cuda_moe_run_host(cm, K3_CUDA_GROUPED, K3_MODE_W4A16, x, 1, ids, w, 2, y, &err), K3_ERR_ARG);
     printf("  %s\n", err.msg);
+    /* rows not 16-byte aligned: refused before anything is read (the pointers are never touched) */
+    for (int b = 0; b < 2; b++) {
+        const float *dx = (const float *)(uintptr_t)(b ? 0x10000 : 0x10004);
+        float *dy = (float *)(uintptr_t)(b ? 0x20008 : 0x20000);
+        assert_int_equal(k3_cuda_moe_run(cm, K3_CUDA_GROUPED, K3_MODE_W4A16, dx, 1, (const int32_t *)(uintptr_t)0x30000,
+                                         (const float *)(uintptr_t)0x40000, 2, dy, NULL, &err),
+                         K3_ERR_ARG);
+        printf("  %s\n", err.msg);
+    }
     k3_cuda_moe_free(cm);
     /* a width the kernels cannot tile */
     m.ex.hidden = 200;
