@@ -555,7 +555,11 @@ static void test_explicit_errors(void **s) {
     int32_t ids[2] = {3, 16};
     assert_int_equal(k3_cuda_moe_run_host(cm, K3_CUDA_GROUPED, K3_MODE_W4A16, x, 1, ids, w, 2, y, &err), K3_ERR_ARG);
     printf("  %s\n", err.msg);
-    /* rows not 16-byte aligned: refused before anything is read (the pointers are never touched) */
+    /* missing arrays, and rows not 16-byte aligned: refused before anything is read (the pointers
+     * are never touched) */
+    assert_int_equal(k3_cuda_moe_run(cm, K3_CUDA_GROUPED, K3_MODE_W4A16, NULL, 1, NULL, NULL, 2, NULL, NULL, &err),
+                     K3_ERR_ARG);
+    printf("  %s\n", err.msg);
     for (int b = 0; b < 2; b++) {
         const float *dx = (const float *)(uintptr_t)(b ? 0x10000 : 0x10004);
         float *dy = (float *)(uintptr_t)(b ? 0x20008 : 0x20000);
@@ -655,6 +659,9 @@ static void test_route_noaux_tc(void **s) {
     }
     printf("  route noaux_tc T=%d E=%d k=%d: ids exact, weights max rel err %.3g (bound 1e-6)\n", T, E, k, worst);
     assert_true(worst <= 1e-6);
+    /* a missing array is refused, not faulted on (the bias may be NULL) */
+    assert_int_equal(k3_cuda_route_noaux_tc(NULL, T, E, NULL, k, 1, 2.5f, NULL, NULL, NULL, &err), K3_ERR_ARG);
+    printf("  %s\n", err.msg);
     free(lg), free(bias), free(w), free(ids);
 }
 

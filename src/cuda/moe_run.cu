@@ -702,6 +702,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         return k3_fail(err, K3_ERR_ARG, "cuda moe: d_x (%p) and d_y (%p) must be 16-byte aligned", (const void *)d_x,
                        (void *)d_y);
     if (T == 0) return K3_OK;
+    if (!d_x || !d_ids || !d_w || !d_y) return k3_fail(err, K3_ERR_ARG, "cuda moe: x, ids, w and y are required");
     cudaStream_t st = (cudaStream_t)stream;
     /* one fp16 term per activation where the mode's values fit in one (the fused kernel reads two) */
     const int np = b == K3_CUDA_GROUPED && mode != K3_MODE_W4A16 ? 1 : 2;
