@@ -256,6 +256,12 @@ static void test_errors(void **state) {
     assert_int_equal(k3_cuda_block_run_host(cb, K3_CUDA_GROUPED, K3_MODE_W4A16, x, 2, y, NULL, NULL, &err), K3_ERR_NUMERIC);
     assert_int_equal(k3_cuda_block_run_host(cb, K3_CUDA_GROUPED, K3_MODE_W4A8, x, 2, y, NULL, NULL, &err),
                      K3_ERR_UNSUPPORTED);
+    /* device arrays missing or not 16-byte aligned: refused before any is touched */
+    float *dx = (float *)(uintptr_t)0x10004, *dy = (float *)(uintptr_t)0x20000;
+    int32_t *di = (int32_t *)(uintptr_t)0x30000;
+    assert_int_equal(k3_cuda_block_run(cb, K3_CUDA_GROUPED, K3_MODE_W4A16, dx, 2, dy, di, dy, NULL, &err), K3_ERR_ARG);
+    printf("misaligned x: %s\n", err.msg);
+    assert_int_equal(k3_cuda_block_run(cb, K3_CUDA_GROUPED, K3_MODE_W4A16, dy, 2, dy, NULL, dy, NULL, &err), K3_ERR_ARG);
     k3_cuda_block_free(cb);
     g.b.router.fn = K3_ROUTE_SOFTMAX_TOPK;
     assert_int_equal(k3_cuda_block_create(&g.b, &cb, &err), K3_ERR_UNSUPPORTED);
