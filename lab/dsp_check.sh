@@ -7,7 +7,8 @@
 #   cp build/tests/tools/cuda_moe_bench lab/bin/bench_new && cp build/tests/test_cuda_moe lab/bin/test_new
 #   strip lab/bin/*; ar t build/libk3.a | grep cuda_absent (must print nothing)
 # Prints a T = 8 smoke per binary, the stage A/B (prep, fc1, hconv, fc2, finalize us), then as
-# much of the whole GPU test of the patched tree as PART2_S seconds allow (`PART2_S=330`).
+# much of the whole GPU test of the patched tree as PART2_S seconds allow (`PART2_S=330`), and
+# with MEMCHECK_S=150 the quick test under compute-sanitizer first.
 . "$(dirname "$0")/env.sh" /tmp/dsp; OUT=$out
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 for n in old new; do echo "smoke $n $(timeout 30 lab/bin/bench_$n --fmt nvfp4 --backend cuda --mode w4a16 --T 8 --reps 2 2>&1 | awk '$1=="k3"{print $4,$5} /rror/' | head -2)"; done
@@ -23,6 +24,10 @@ for mode in ${MODES:-w4a16-bf16 w4a16}; do
   done
 done
 echo "bench $((SECONDS - t0)) s"
+if [ -n "${MEMCHECK_S:-}" ]; then  # the quick whole GPU test under compute-sanitizer (~100 s in v36)
+  K3_CUDA_TEST_QUICK=1 timeout $MEMCHECK_S compute-sanitizer --tool memcheck --error-exitcode 9 lab/bin/test_new \
+    > $OUT/memcheck.log 2>&1; echo "memcheck test_new rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" $OUT/memcheck.log | head -5
+fi
 if [ -n "${PART2_S:-}" ]; then
   timeout $PART2_S lab/bin/test_new > $OUT/test_new.log 2>&1; echo "test_new rc=$?"
   grep -E "^\[  (PASSED|FAILED) \]|FAILED|rror|one expert T=3000|T=600" $OUT/test_new.log | head -20
