@@ -60,9 +60,10 @@ int k3_cuda_moe_check(const k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mode,
 
 /* The routed-expert operator of moe.h (y[t] = sum_k w[t,k] expert_ids[t,k](x[t]); non-local
  * ids contribute nothing) on device pointers: d_x float [T, H] and d_y float [T, H], both
- * 16-byte aligned (else K3_ERR_ARG), d_ids int32 [T, k] (global
- * ids, assumed valid: the routing kernel produces them; out-of-range ids are treated as
- * non-local, never read out of bounds), d_w float [T, k]; d_y is fully overwritten. Asynchronous on stream (a cudaStream_t, NULL = default stream).
+ * 16-byte aligned (else K3_ERR_ARG), d_ids int32 [T, k] (global ids, assumed valid: the
+ * routing kernel produces them; out-of-range ids are treated as non-local, never read out of
+ * bounds), d_w float [T, k]; d_y is fully overwritten. Asynchronous on stream (a
+ * cudaStream_t, NULL = default stream).
  * Modes: K3_MODE_W4A16 (fp32 activations carried as two fp16 terms: exact to ~2^-22 per
  * element), K3_MODE_W4A16_BF16 (x and act(h) rounded to bf16, one fp16 term: half the
  * tensor-core work and activation traffic of w4a16 in the grouped backend) and K3_MODE_W4A4

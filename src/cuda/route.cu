@@ -77,7 +77,8 @@ extern "C" int k3_cuda_route_noaux_tc(const float *d_logits, int T, int E, const
                        K3_CUDA_MAX_TOPK, E);
     if (!isfinite(scaling)) return k3_fail(err, K3_ERR_NUMERIC, "route: routed_scaling_factor %g", (double)scaling);
     if (T == 0) return K3_OK;
-    if (!d_logits || !d_ids || !d_w) return k3_fail(err, K3_ERR_ARG, "route: logits, ids and w are required (bias may be NULL)");
+    if (!d_logits || !d_ids || !d_w)
+        return k3_fail(err, K3_ERR_ARG, "route: logits, ids and w are required (bias may be NULL)");
     size_t sm = (size_t)2 * E * sizeof(float) + E;
     K3_CUDA_TRY(err, cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     k_route<<<T, ROUTE_THREADS, sm, (cudaStream_t)stream>>>(d_logits, E, d_bias, k, renormalize, scaling, d_ids, d_w);
