@@ -11,7 +11,7 @@
 # Prints a T = 8 smoke per binary, the wgmma-path tests, the probes (CTA 0's cycles: producer
 # blocked on a full ring / on the table; consumer epilogue share), then the A/B.
 . "$(dirname "$0")/env.sh" /tmp/epi; OUT=$out
-export LD_LIBRARY_PATH=$PWD/.libs; nvidia-smi --query-gpu=name --format=csv,noheader
+nvidia-smi --query-gpu=name --format=csv,noheader
 for n in old st12 amax amax12 probe probe12; do echo "smoke $n $(timeout 30 lab/bin/bench_$n --fmt nvfp4 --backend cuda --mode w4a16 --T 8 --reps 2 2>&1 | awk '$1=="k3"{print $4,$5} /rror/' | head -2)"; done
 for n in st12 amax; do K3_CUDA_TEST_FILTER=test_wgmma_path timeout 150 lab/bin/test_$n > $OUT/t_$n.log 2>&1; echo "test_$n rc=$?"; awk -f lab/widths.awk $OUT/t_$n.log; grep -E "FAIL|rror" $OUT/t_$n.log | head -3; done
 K3_CUDA_TEST_QUICK=1 timeout 100 lab/bin/test_amax > $OUT/whole_amax.log 2>&1; echo "test_amax whole quick rc=$?"; grep -E "PASSED|FAILED" $OUT/whole_amax.log

@@ -204,9 +204,7 @@ extern "C" int k3_cuda_block_run(k3_cuda_block *cb, k3_cuda_backend b, k3_act_mo
     if (rc) return rc;
     if (T == 0) return K3_OK;
     if (!d_x || !d_y || !d_ids || !d_w) return k3_fail(err, K3_ERR_ARG, "cuda block: x, y, ids and w are required");
-    if (((uintptr_t)d_x | (uintptr_t)d_y) & 15)
-        return k3_fail(err, K3_ERR_ARG, "cuda block: d_x (%p) and d_y (%p) must be 16-byte aligned", (const void *)d_x,
-                       (void *)d_y);
+    if ((rc = k3_cuda_rows_aligned(err, "cuda block", d_x, d_y))) return rc;
     cudaStream_t st = (cudaStream_t)stream;
     if ((rc = ensure_ws(cb, T, err))) return rc;
     if ((rc = k3_dense_gemm(&cb->gate, d_x, T, cb->logits, 0, 1, st, err))) return rc;

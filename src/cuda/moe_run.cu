@@ -698,9 +698,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
                                const int32_t *d_ids, const float *d_w, int k, float *d_y, void *stream,
                                k3_error *err) {
     if (k3_cuda_moe_check(m, b, mode, T, k, err)) return err->status;
-    if (((uintptr_t)d_x | (uintptr_t)d_y) & 15) /* rows are read (prep_x_row) 16 bytes at a time */
-        return k3_fail(err, K3_ERR_ARG, "cuda moe: d_x (%p) and d_y (%p) must be 16-byte aligned", (const void *)d_x,
-                       (void *)d_y);
+    int rc = k3_cuda_rows_aligned(err, "cuda moe", d_x, d_y);
+    if (rc) return rc;
     if (T == 0) return K3_OK;
     if (!d_x || !d_ids || !d_w || !d_y) return k3_fail(err, K3_ERR_ARG, "cuda moe: x, ids, w and y are required");
     cudaStream_t st = (cudaStream_t)stream;
