@@ -476,6 +476,15 @@ static void test_all_tokens_one_expert_and_empty_experts(void **s) {
             printf("  cuda-fused %s route %d T=64 k=%d relL2 %.3g\n", f ? "mxfp4" : "nvfp4", h, k, r);
             assert_true(r <= 1e-5);
         }
+        /* three dispatch blocks' worth of slots (4096 each at most) whose ranges all land on one
+         * expert, so the per-block bases must follow each other; w4a16-bf16 too (h in bf16) */
+        for (int mi = 0; mi < 2; mi++) {
+            const k3_act_mode mode = mi ? K3_MODE_W4A16_BF16 : K3_MODE_W4A16;
+            double r = run_case(&m, cm, K3_CUDA_GROUPED, mode, 9000, 1, ROUTE_ONE_EXPERT);
+            printf("  cuda       %s one expert T=9000 k=1 %s relL2 %.3g\n", f ? "mxfp4" : "nvfp4",
+                   k3_act_mode_name(mode), r);
+            assert_true(r <= mode_bound(mode));
+        }
         k3_cuda_moe_free(cm);
         model_free(&m);
     }
@@ -492,11 +501,11 @@ static void test_larger_shape(void **s) {
 }
 
 /* Uneven expert-parallel split of 32 experts as [0, 11) and [11, 32): each rank matches the
- * reference over its own experts, and the two partial outputs sum to the full result. */
-static void test_ep_rank_subsets(void **s) {
-    (void)s;
-    NEED_GPU();
-    const int E = 32, H = 256, I = 128, T = 16, k = 4;
+ * reference over its own experts, and the two partial outputs sum to the full result. T = 16
+ * on both backends, T = 2500 (10000 slots: three dispatch blocks, each seeing slots of the other
+ * rank) on the grouped one. */
+static void ep_split(int T, int backends) {
+    const int E = 32, H = 256, I = 128, k = 4;
     model full;
     rng_state = 4242;
     model_make(&full, E, 0, E, H, I, K3_WFMT_NVFP4, K3_ACT_SITU);
@@ -508,7 +517,7 @@ static void test_ep_rank_subsets(void **s) {
     make_routing(T, k, E, ROUTE_RANDOM, ids, w);
     ref_run(&full, K3_MODE_W4A16, x, T, ids, w, k, ref);
     static const int first[2] = {0, 11}, nloc[2] = {11, 21};
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < backends; b++) {
         for (int r = 0; r < 2; r++) {
             model part = full;
             k3_error err = {0};
@@ -521,7 +530,7 @@ static void test_ep_rank_subsets(void **s) {
             double *rr = malloc(sizeof(double) * T * H);
             ref_run(&part, K3_MODE_W4A16, x, T, ids, w, k, rr);
             double e = rel_l2(y, rr, (size_t)T * H);
-            printf("  %s rank %d (experts [%d, %d)) relL2 %.3g\n", b ? "cuda-fused" : "cuda", r, first[r],
+            printf("  %s T=%d rank %d (experts [%d, %d)) relL2 %.3g\n", b ? "cuda-fused" : "cuda", T, r, first[r],
                    first[r] + nloc[r], e);
             assert_true(e <= 1e-5);
             free(rr);
@@ -529,11 +538,18 @@ static void test_ep_rank_subsets(void **s) {
         }
         for (int i = 0; i < T * H; i++) ys[i] = y0[i] + y1[i];
         double e = rel_l2(ys, ref, (size_t)T * H);
-        printf("  %s rank sum relL2 %.3g\n", b ? "cuda-fused" : "cuda", e);
+        printf("  %s T=%d rank sum relL2 %.3g\n", b ? "cuda-fused" : "cuda", T, e);
         assert_true(e <= 1e-5);
     }
     free(x), free(w), free(y0), free(y1), free(ys), free(ids), free(ref);
     model_free(&full);
+}
+
+static void test_ep_rank_subsets(void **s) {
+    (void)s;
+    NEED_GPU();
+    ep_split(16, 2);
+    ep_split(2500, 1);
 }
 
 static void test_explicit_errors(void **s) {

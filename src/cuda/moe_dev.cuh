@@ -66,12 +66,17 @@ struct MoeRun {
     float *y;                      /* [T][H] */
     uint4 *xq; float *xs;          /* [T][H*4 B] fp16 hi/lo fragment layout, row scale [T] */
     float *h; unsigned *hamax;     /* [T*k][I] FC1 output, |h| max bits per position */
+    int hb16;                      /* h holds bf16 (wp_epilogue): w4a16-bf16 on k_wgp, whose mode reads
+                                      nothing of h but its bf16 (half the bytes through FC1's
+                                      stores and hconv's loads); fp32 elsewhere, where the
+                                      runtime choice cost the fused and k_wg kernels spills */
     uint4 *hq; float *hs;          /* [T*k][I*4 B], row scale [T*k] */
     int plain;                     /* xq / hq in the plain layout of the wgmma path */
     float *part;                   /* [T*k][H] unweighted FC2 output per slot */
     int *sorted_tok, *sorted_slot; /* [T*k] */
     int4 *work;                    /* [wmax] (expert, first position, tokens) */
     int *ctl;                      /* [0] = positions P, [1] = work items, [2..3] fused unit queues */
+    int *dsp, nd;                  /* grouped dispatch: scratch (dsp_count) and its block count */
     unsigned long long *bar;       /* fused: grid barrier counter */
     unsigned long long bar_base;
     unsigned long long *stamps;    /* fused, benchmark only (else NULL): block 0's %globaltimer at
@@ -116,6 +121,7 @@ __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 v) { return *(uint32_t *)&v; }
+__device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
 
 /* Loads of data written earlier in the same launch (the fused kernel): L1-cached but never
@@ -447,6 +453,15 @@ __device__ __forceinline__ float row_amax(const float *src, int K, int tid, int 
     return am;
 }
 
+/* The power of two p that puts a row of max |value| amax at [2^14, 2^15) once scaled by 2^-p (0
+ * for a zero or non-finite max). */
+__device__ __forceinline__ int row_shift(float amax) {
+    if (!(amax > 0.f && isfinite(amax))) return 0;
+    int ex;
+    frexpf(amax, &ex); /* amax in [2^(ex-1), 2^ex) */
+    return ex - 15;
+}
+
 /* The w4a16 terms of the pair (v0, v1) at elements (k, k + 1), scaled by 2^-p. */
 __device__ __forceinline__ void quant_pair(float v0, float v1, int k, int p, int K, bool b16, bool plain, bool lo,
                                            uint32_t *__restrict__ dst) {
@@ -472,12 +487,7 @@ __device__ __forceinline__ void quant_row(const float *src, int K, float amax, i
     if (mode != K3_MODE_W4A4) {
         const bool b16 = mode == K3_MODE_W4A16_BF16;
         if (b16) amax = bf16_round(amax); /* the max of the rounded row */
-        int p = 0;
-        if (amax > 0.f && isfinite(amax)) {
-            int ex;
-            frexpf(amax, &ex); /* amax in [2^(ex-1), 2^ex) -> scaled amax in [2^14, 2^15) */
-            p = ex - 15;
-        }
+        const int p = row_shift(amax);
         if (tid == 0) *rowscale = ldexpf(1.f, p);
         for (int k0 = 2 * tid; k0 < K; k0 += 2 * nth * QUANT_U) {
             float2 v[QUANT_U];
@@ -516,6 +526,24 @@ __device__ __forceinline__ void quant_row(const float *src, int K, float amax, i
     }
 }
 
+/* quant_row of a bf16 row (src: K / 2 bf16 pairs, FC1's h where MoeRun.hb16) with its max
+ * amax: the same terms as quant_row gives the fp32 row it was rounded from. */
+__device__ __forceinline__ void quant_row_b16(const uint32_t *src, int K, float amax, uint32_t *__restrict__ dst,
+                                              float *rowscale, int tid, int nth, bool plain, bool lo) {
+    const int p = row_shift(bf16_round(amax));
+    if (tid == 0) *rowscale = ldexpf(1.f, p);
+    for (int k0 = 2 * tid; k0 < K; k0 += 2 * nth * QUANT_U) {
+        uint32_t v[QUANT_U];
+#pragma unroll
+        for (int u = 0; u < QUANT_U; u++) v[u] = k0 + u * 2 * nth < K ? src[(k0 + u * 2 * nth) >> 1] : 0u;
+#pragma unroll
+        for (int u = 0; u < QUANT_U; u++) {
+            const int k = k0 + u * 2 * nth;
+            if (k < K) quant_pair(__uint_as_float(v[u] << 16), __uint_as_float(v[u] & 0xFFFF0000u), k, p, K, false, plain, lo, dst);
+        }
+    }
+}
+
 /* ---- dispatch: count, offsets, work items, sorted positions (one CTA) -------------------- */
 
 /* Exclusive scan of a[0..n) in shared memory, in place; returns the total. tsum: 33 ints.
@@ -547,55 +575,55 @@ __device__ __forceinline__ int block_scan(int *a, int n, int *tsum) {
     return total;
 }
 
-/* Calls visit(s, e) for this thread's slots s < S routed to a local expert e, B slots at a time:
- * their ids are all loaded before the first visit. */
+/* Calls visit(s, e) for this thread's slots s in [lo, hi) routed to a local expert e, B slots at a
+ * time: their ids are all loaded before the first visit. */
 template <int B, typename F>
-__device__ __forceinline__ void for_local_slots(const MoeDev &m, const MoeRun &r, int S, F visit) {
+__device__ __forceinline__ void for_local_slots(const MoeDev &m, const MoeRun &r, int lo, int hi, F visit) {
     const int nth = blockDim.x;
-    for (int s0 = threadIdx.x; s0 < S; s0 += B * nth) {
+    for (int s0 = lo + (int)threadIdx.x; s0 < hi; s0 += B * nth) {
         unsigned e[B];
 #pragma unroll
-        for (int j = 0; j < B; j++) e[j] = s0 + j * nth < S ? (unsigned)(r.ids[s0 + j * nth] - m.first_local) : ~0u;
+        for (int j = 0; j < B; j++) e[j] = s0 + j * nth < hi ? (unsigned)(r.ids[s0 + j * nth] - m.first_local) : ~0u;
 #pragma unroll
         for (int j = 0; j < B; j++)
             if (e[j] < (unsigned)m.n_local) visit(s0 + j * nth, (int)e[j]);
     }
 }
 
-/* smem: 3 * (n_local + 1) + 33 ints. cnt: the fused halves kernel's ncnt hand-off counters
- * (moe_run.cu fused_cnt; else NULL), zeroed, of which [0, T) count each token's local slots.
- * B: slots per thread whose ids are loaded before their shared-memory atomics (one load in flight
- * per thread made the loops over the S slots latency-bound). H100, one call, two rounds, grouped
- * prep stage (dispatch and x rows), B = 1 -> 8: T = 2048 151-186 -> 134-154 us, T = 8192 570-641 ->
- * 426-478 us; what remains is the x rows' conversion and the scans. The fused kernel (S <= 1024)
- * keeps B = 1. */
-template <int B = 1>
+/* The work items of local expert e (c positions from off, its first item wof): ceil(c / tn) of
+ * near-equal size where r.split (a wgmma tile's width is fixed per launch), else items of tn and
+ * one remainder. */
+__device__ __forceinline__ void write_items(const MoeRun &r, int e, int off, int c, int wof) {
+    if (r.split) {
+        const int parts = (c + r.tn - 1) / r.tn, base = parts ? c / parts : 0, rem = c - base * parts;
+        for (int t = 0; t < parts; t++) r.work[wof + t] = make_int4(e, off + t * base + min(t, rem), base + (t < rem), 0);
+    } else {
+        for (int t = 0; t * r.tn < c; t++) r.work[wof + t] = make_int4(e, off + t * r.tn, min(r.tn, c - t * r.tn), 0);
+    }
+}
+
+/* The fused kernel's dispatch (one CTA; S <= K3_CUDA_FUSED_MAX_SLOTS): count, offsets, work items,
+ * sorted positions. smem: 3 * (n_local + 1) + 33 ints. cnt: the fused halves kernel's ncnt
+ * hand-off counters (moe_run.cu fused_cnt; else NULL), zeroed, of which [0, T) count each token's
+ * local slots. */
 static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem, int *cnt = nullptr, int ncnt = 0) {
     const int tid = threadIdx.x, nth = blockDim.x, nl = m.n_local, S = r.T * r.k;
     int *off = smem, *wof = smem + (nl + 1), *cur = smem + 2 * (nl + 1), *tsum = smem + 3 * (nl + 1);
     for (int e = tid; e <= nl; e += nth) off[e] = 0;
     for (int i = tid; i < ncnt; i += nth) cnt[i] = 0;
     __syncthreads();
-    for_local_slots<B>(m, r, S, [&](int, int e) { atomicAdd(&off[e], 1); });
+    for_local_slots<1>(m, r, 0, S, [&](int, int e) { atomicAdd(&off[e], 1); });
     __syncthreads();
     for (int e = tid; e < nl; e += nth) wof[e] = (off[e] + r.tn - 1) / r.tn;
     __syncthreads();
     int P = block_scan(off, nl, tsum);
     int W = block_scan(wof, nl, tsum);
     for (int e = tid; e < nl; e += nth) {
-        int c = (e + 1 < nl ? off[e + 1] : P) - off[e];
         cur[e] = off[e];
-        if (r.split) { /* ceil(c / tn) items of near-equal size (a tile's width is fixed per launch) */
-            const int parts = (c + r.tn - 1) / r.tn, base = parts ? c / parts : 0, rem = c - base * parts;
-            for (int t = 0; t < parts; t++)
-                r.work[wof[e] + t] = make_int4(e, off[e] + t * base + min(t, rem), base + (t < rem), 0);
-        } else {
-            for (int t = 0; t * r.tn < c; t++)
-                r.work[wof[e] + t] = make_int4(e, off[e] + t * r.tn, min(r.tn, c - t * r.tn), 0);
-        }
+        write_items(r, e, off[e], (e + 1 < nl ? off[e + 1] : P) - off[e], wof[e]);
     }
     __syncthreads();
-    for_local_slots<B>(m, r, S, [&](int s, int e) {
+    for_local_slots<1>(m, r, 0, S, [&](int s, int e) {
         const int p = atomicAdd(&cur[e], 1);
         r.sorted_tok[p] = s / r.k;
         r.sorted_slot[p] = s;
@@ -603,6 +631,98 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem,
     });
     for (int p = tid; p < P; p += nth) r.hamax[p] = 0u;
     if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; r.ctl[2] = 0; r.ctl[3] = 0; }
+}
+
+/* The grouped path's dispatch, spread over r.nd blocks (each a contiguous range of slots) in two
+ * launches: k_prep's blocks count their range per local expert in shared memory and store the
+ * counts (dsp_hist); the last of them to finish (a ticket) turns each expert's counts into
+ * per-block bases, scans the totals into offsets and writes the work items; k_scatter's blocks
+ * then place their range's slots from their bases. No global atomics but the ticket, and no
+ * ordering across blocks (within an expert the positions are in no set order either way: the
+ * GEMMs' arithmetic per position does not depend on it). One CTA did all of it before at ~4 ns
+ * a slot: H100 prep stage T = 2048 134-154 us, T = 8192 426-478 us (lab/NOTES.md v37).
+ * Scratch r.dsp (ints): [0] the ticket (zero between runs: set at allocation, reset by the last
+ * block), [DSP_OFF + e] expert offsets, [dsp_hist_at + b * n_local + e] block b's counts, then
+ * its bases (within each expert, the counts of the blocks before it). */
+#define DSP_BLOCKS_MAX 32 /* the scan holds an expert's counts of every block in registers */
+#define DSP_SLOTS_MIN 4096 /* slots per block at least (16 per thread): a block's fixed cost is two
+                              n_local passes and, in the scan, one count per block and expert */
+#define DSP_OFF 64
+__device__ __forceinline__ int dsp_hist_at(const MoeDev &m) { return DSP_OFF + ((m.n_local + 1 + 63) & ~63); }
+
+__device__ __forceinline__ void dsp_range(const MoeRun &r, int b, int &lo, int &hi) {
+    const int S = r.T * r.k, per = (S + r.nd - 1) / r.nd;
+    lo = min(S, b * per);
+    hi = min(S, lo + per);
+}
+
+/* The scan of the last counting block. smem: 2 * (n_local + 1) + 33 ints. */
+static __device__ void dsp_scan(const MoeDev &m, const MoeRun &r, int *smem) {
+    const int tid = threadIdx.x, nth = blockDim.x, nl = m.n_local, nd = r.nd;
+    int *off = smem, *wof = smem + (nl + 1), *tsum = smem + 2 * (nl + 1);
+    int *hist = r.dsp + dsp_hist_at(m), *goff = r.dsp + DSP_OFF;
+    for (int e = tid; e < nl; e += nth) {
+        /* all of an expert's counts in flight at once (one after another, behind the stores, the
+         * loop would wait an L2 round trip per block) */
+        int v[DSP_BLOCKS_MAX];
+#pragma unroll
+        for (int b = 0; b < DSP_BLOCKS_MAX; b++) /* L2 reads: other blocks wrote these in this launch */
+            v[b] = b < nd ? __ldcg(hist + (size_t)b * nl + e) : 0;
+        int run = 0;
+#pragma unroll
+        for (int b = 0; b < DSP_BLOCKS_MAX; b++)
+            if (b < nd) {
+                __stcg(hist + (size_t)b * nl + e, run);
+                run += v[b];
+            }
+        off[e] = run;
+        wof[e] = (run + r.tn - 1) / r.tn;
+    }
+    __syncthreads();
+    const int P = block_scan(off, nl, tsum), W = block_scan(wof, nl, tsum);
+    for (int e = tid; e < nl; e += nth) {
+        goff[e] = off[e];
+        write_items(r, e, off[e], (e + 1 < nl ? off[e + 1] : P) - off[e], wof[e]);
+    }
+    if (tid == 0) { r.ctl[0] = P; r.ctl[1] = W; r.ctl[2] = 0; r.ctl[3] = 0; r.dsp[0] = 0; }
+}
+
+/* Counting block b of k_prep; smem as dsp_scan. */
+static __device__ void dsp_count(const MoeDev &m, const MoeRun &r, int b, int *smem) {
+    const int tid = threadIdx.x, nth = blockDim.x, nl = m.n_local;
+    __shared__ int last;
+    int lo, hi;
+    dsp_range(r, b, lo, hi);
+    for (int e = tid; e < nl; e += nth) smem[e] = 0;
+    __syncthreads();
+    for_local_slots<8>(m, r, lo, hi, [&](int, int e) { atomicAdd(&smem[e], 1); });
+    __syncthreads();
+    int *hist = r.dsp + dsp_hist_at(m) + (size_t)b * nl;
+    for (int e = tid; e < nl; e += nth) hist[e] = smem[e];
+    __threadfence(); /* the counts before the ticket */
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(r.dsp, 1) == r.nd - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    dsp_scan(m, r, smem);
+}
+
+/* Scatter block b (k_scatter): its range's positions from its bases; zeroes their |h| max. smem:
+ * n_local ints. */
+static __device__ void dsp_scatter(const MoeDev &m, const MoeRun &r, int b, int *cur) {
+    const int tid = threadIdx.x, nth = blockDim.x, nl = m.n_local;
+    const int *hist = r.dsp + dsp_hist_at(m) + (size_t)b * nl, *goff = r.dsp + DSP_OFF;
+    int lo, hi;
+    dsp_range(r, b, lo, hi);
+    for (int e = tid; e < nl; e += nth) cur[e] = goff[e] + hist[e];
+    __syncthreads();
+    for_local_slots<8>(m, r, lo, hi, [&](int s, int e) {
+        const int p = atomicAdd(&cur[e], 1);
+        r.sorted_tok[p] = s / r.k;
+        r.sorted_slot[p] = s;
+        r.hamax[p] = 0u;
+    });
 }
 
 /* ---- the two GEMM work items and the small stages ---------------------------------------- */
@@ -779,9 +899,15 @@ __device__ __forceinline__ void wg_epilogue(const MoeDev &m, const MoeRun &r, in
 
 /* h row of position p into the FC2 B layout. */
 __device__ __forceinline__ void hconv_row(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
-    float amax = __uint_as_float(r.hamax[p]);
-    quant_row(r.h + (size_t)p * m.I, m.I, amax, r.mode, m.g2, (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32), r.hs + p,
-              tid, nth, r.plain, r.np == 2);
+    quant_row(r.h + (size_t)p * m.I, m.I, __uint_as_float(r.hamax[p]), r.mode, m.g2,
+              (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32), r.hs + p, tid, nth, r.plain, r.np == 2);
+}
+
+/* hconv_row of a bf16 h row (r.hb16: the grouped k_wgp path; the fused kernel keeps fp32 h and
+ * calls hconv_row). */
+__device__ __forceinline__ void hconv_row_b16(const MoeDev &m, const MoeRun &r, int p, int tid, int nth) {
+    quant_row_b16((const uint32_t *)r.h + (size_t)p * m.I / 2, m.I, __uint_as_float(r.hamax[p]),
+                  (uint32_t *)(r.hq + (size_t)p * m.nk2 * 32), r.hs + p, tid, nth, r.plain, r.np == 2);
 }
 
 /* y[t][c] = sum over local slots j (in slot order) of w[t,j] * part[t*k+j][c]. */

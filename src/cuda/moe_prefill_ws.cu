@@ -278,13 +278,14 @@ __device__ __forceinline__ void wp_tab_cst(const MoeDev &m, uint32_t tb, int e, 
  * is a chain of dependent MUFU and FMUL, and with a branch around each column (the tokens past
  * the item, tiles past the expert) the compiler could not interleave them; columns and tiles
  * past the end are computed from whatever the table and accumulators hold and never stored.
- * Chunks past the item's last token are skipped. With SiTU's single quotient (situ_fast): H100,
+ * Chunks past the item's last token are skipped. b16: h stored as bf16 (MoeRun.hb16; uniform, so
+ * nvcc compiles the epilogue once per store form and branches once). With SiTU's single quotient (situ_fast): H100,
  * one call, two rounds, whole MoE ms, w4a16-bf16 T = 8192 21.49 / 21.49 -> 21.12 / 21.15,
  * T = 12288 32.7 / 32.4 -> 31.0 / 31.3; w4a16 T = 8192 34.5 / 34.0 -> 33.3 / 33.4 (lab/NOTES.md
  * v33). */
 template <int ACT, int TN, int MTW, int FC2>
 __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, const WpTab<TN> &tb, int p0, int n, int mt0,
-                                            int mtiles, int g, int q, const float acc[MTW][TN / 2]) {
+                                            int mtiles, int g, int q, const float acc[MTW][TN / 2], bool b16) {
     constexpr int NC = TN / 4, CH = 4;
     static_assert(NC % CH == 0, "k_wgp epilogue: whole chunks of columns");
     const float c0 = tb.cst[0], c1 = tb.cst[1];
@@ -314,6 +315,7 @@ __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, co
                 }
             } else {
                 float *hr = r.h + (size_t)(p0 + j) * m.I;
+                uint16_t *hb = (uint16_t *)r.h + (size_t)(p0 + j) * m.I; /* the row as bf16 (b16) */
                 unsigned am = 0;
 #pragma unroll
                 for (int t = 0; t < MTW; t++) {
@@ -321,8 +323,16 @@ __device__ __forceinline__ void wp_epilogue(const MoeDev &m, const MoeRun &r, co
                     int i0, i1;
                     fc1_act<ACT>(m, mt0 + 4 * t, g, acc[t][i], acc[t][i + 2], c0, c1, cv.x, al, be, li, v0, v1, i0, i1);
                     const bool st = ok && tv[t];
-                    if (st) hr[i0] = v0;
-                    if (st && i1 >= 0) hr[i1] = v1;
+                    if (b16) { /* one conversion for the pair; |h| max of the rounded values */
+                        const uint32_t pb = bf162_bits(__floats2bfloat162_rn(v0, v1));
+                        v0 = __uint_as_float(pb << 16);
+                        v1 = __uint_as_float(pb & 0xFFFF0000u);
+                        if (st) hb[i0] = (uint16_t)pb;
+                        if (st && i1 >= 0) hb[i1] = (uint16_t)(pb >> 16);
+                    } else {
+                        if (st) hr[i0] = v0;
+                        if (st && i1 >= 0) hr[i1] = v1;
+                    }
                     am = st ? max(am, max(abs_bits(v0), abs_bits(v1))) : am;
                 }
                 am = warp_max8(am);
@@ -416,7 +426,8 @@ __global__ void __launch_bounds__(wp_threads(TN, FC2), 1) k_wgp(MoeDev m, MoeRun
         wg_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * ((sg + nst - 1) % ST));
         sg += nst;
-        wp_epilogue<ACT, TN, MTW, FC2>(m, r, tab, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc);
+        /* b16: h in bf16 (MoeRun.hb16), only ever with one term: the two-term kernels keep one epilogue */
+        wp_epilogue<ACT, TN, MTW, FC2>(m, r, tab, wk.y, wk.z, rb * TILES + ti0, mtiles, g, q, acc, NP == 1 && r.hb16);
         __syncwarp();
         if (lane == 0) mbar_arrive(tempty);
     }

@@ -1,18 +1,21 @@
 /* The two GPU MoE backends over an uploaded k3_cuda_moe.
  *
- * Grouped (any T), five launches on one stream (fc1 / fc2 are the wgmma kernels of
+ * Grouped (any T), six launches on one stream (fc1 / fc2 are the wgmma kernels of
  * moe_prefill.cu instead once experts average >= 12 tokens, pick_wg, 32-token tiles, and the
  * warp-specialized ones of moe_prefill_ws.cu from 32, pick_wp, 48, 80, 128 or 160):
- *   prep      block 0 dispatches (count, offsets, work items of <= tn tokens per expert,
- *             sorted positions); the other blocks turn x rows into the fp16 B layout;
+ *   prep      the first nd blocks count the slots per expert over ranges of them, the last to
+ *             finish makes the offsets and work items of <= tn tokens per expert (dsp_count);
+ *             the other blocks turn x rows into the fp16 B layout;
+ *   scatter   the sorted positions, each block its range's (dsp_scatter);
  *   fc1       grid (work items x 16-row tiles / 8: 4 warps of two tiles each): swap-AB mma.sync,
  *             the weight rows in the MMA M slot, tokens in N; activation in the epilogue,
- *             h = fp32 [P, I];
+ *             h = [P, I] fp32 (bf16 in w4a16-bf16 on k_wgp);
  *   hconv     h rows into the B layout (the row scale needs the whole row's |h| max);
  *   fc2       the same tile loop over w2, unweighted rows per (token, slot);
  *   finalize  y[t] = sum over local slots in slot order of w * row: deterministic.
- * The four launches after prep are programmatic dependent launches (launch_chain): each may
- * start while its predecessor drains and waits (pdl_wait) before reading what it wrote.
+ * The launches after prep are programmatic dependent launches (launch_chain; not the
+ * warp-specialized kernels): each may start while its predecessor drains and waits (pdl_wait)
+ * before reading what it wrote.
  * Fused (decode): the same stages in one cooperative persistent kernel; T*k <= 64 streams them
  * through per-item and per-token counters and flags after one grid barrier, larger batches take four;
  * T <= K3_CUDA_FUSED_MAX_TOKENS, T*k <= K3_CUDA_FUSED_MAX_SLOTS, else K3_ERR_LIMIT.
@@ -56,13 +59,22 @@ __device__ void prep_x_row(const MoeDev &m, const MoeRun &r, int t, float *red) 
               blockDim.x, r.plain, r.np == 2);
 }
 
+/* Blocks [0, r.nd) count the slots (dsp_count; the last of them scans), the others turn x rows
+ * into the B layout. */
 __global__ void __launch_bounds__(256) k_prep(MoeDev m, MoeRun r) {
     extern __shared__ int smem[];
-    if (blockIdx.x == 0) {
-        moe_dispatch<8>(m, r, smem);
+    pdl_launch(); /* k_scatter's few blocks may take their slots early; they wait for this grid */
+    if ((int)blockIdx.x < r.nd) {
+        dsp_count(m, r, blockIdx.x, smem);
         return;
     }
-    for (int t = blockIdx.x - 1; t < r.T; t += gridDim.x - 1) prep_x_row(m, r, t, (float *)smem);
+    for (int t = blockIdx.x - r.nd; t < r.T; t += gridDim.x - r.nd) prep_x_row(m, r, t, (float *)smem);
+}
+
+__global__ void __launch_bounds__(256) k_scatter(MoeDev m, MoeRun r) {
+    extern __shared__ int smem[];
+    pdl_wait();
+    dsp_scatter(m, r, blockIdx.x, smem);
 }
 
 /* In-CTA split-K for small T: with r.ks = 2 the warps w and w + wpc (wpc = warps per K half)
@@ -186,14 +198,34 @@ __global__ void __launch_bounds__(128, 16) k_hconv(MoeDev m, MoeRun r) {
     pdl_wait();
     pdl_launch();
     if ((int)blockIdx.x >= r.ctl[0]) return;
-    hconv_row(m, r, blockIdx.x, threadIdx.x, blockDim.x);
+    if (r.hb16) hconv_row_b16(m, r, blockIdx.x, threadIdx.x, blockDim.x);
+    else hconv_row(m, r, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
-__global__ void __launch_bounds__(256) k_finalize(MoeDev m, MoeRun r) {
+#define FIN_THREADS 128
+
+/* finalize_elem over columns c .. c + 3 (H is a multiple of 128, moe_layout): the same sums in
+ * the same order, one 16-byte load per slot instead of four 4-byte ones. */
+__global__ void __launch_bounds__(FIN_THREADS) k_finalize(MoeDev m, MoeRun r) {
     pdl_wait();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < m.H)
-        for (int t = blockIdx.y; t < r.T; t += gridDim.y) finalize_elem(m, r, t, c);
+    const int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= m.H) return;
+    for (int t = blockIdx.y; t < r.T; t += gridDim.y) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int j = 0; j < r.k; j++) {
+            const int s = t * r.k + j;
+            if ((unsigned)(r.ids[s] - m.first_local) < (unsigned)m.n_local) {
+                const float w = r.rw[s];
+                const float4 v = *(const float4 *)(r.part + (size_t)s * m.H + c);
+                acc.x += w * v.x;
+                acc.y += w * v.y;
+                acc.z += w * v.z;
+                acc.w += w * v.w;
+            }
+        }
+        *(float4 *)(r.y + (size_t)t * m.H + c) = acc;
+    }
 }
 
 __device__ __forceinline__ void grid_sync(unsigned long long *ctr, unsigned long long target) {
@@ -524,14 +556,16 @@ static int work_items_max(int S, int n_local, int tn) { return (S < n_local ? S 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* Carves the workspace for T tokens and top-k k, growing the allocation when needed. */
-static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
+static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, cudaStream_t st, k3_error *err) {
     const MoeDev *d = &m->d;
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (size_t)work_items_max(T * k, d->n_local, tn);
-    size_t sz[11] = {T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4, S * 4,
-                     wmax * 16, 64 + (size_t)fused_cnt_ints(d->m2) * 4};
-    size_t tot = 0, off[11];
-    for (int i = 0; i < 11; i++) {
+    /* the dispatch scratch first: its ticket stays where it is whatever T (zeroed once, here) */
+    const size_t dsp_ints = DSP_OFF + ((d->n_local + 1 + 63) & ~63) + (size_t)DSP_BLOCKS_MAX * d->n_local;
+    size_t sz[12] = {dsp_ints * 4, T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4,
+                     S * 4, wmax * 16, 64 + (size_t)fused_cnt_ints(d->m2) * 4};
+    size_t tot = 0, off[12];
+    for (int i = 0; i < 12; i++) {
         off[i] = tot;
         tot += al256(sz[i] ? sz[i] : 1);
     }
@@ -541,20 +575,22 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, k3_error *err) {
         m->ws_bytes = 0;
         K3_CUDA_TRY(err, cudaMalloc(&m->ws, tot));
         m->ws_bytes = tot;
+        K3_CUDA_TRY(err, cudaMemsetAsync(m->ws, 0, 4, st)); /* the dispatch ticket, in stream order */
     }
     char *b = (char *)m->ws;
     MoeRun *r = &m->r;
-    r->xq = (uint4 *)(b + off[0]);
-    r->xs = (float *)(b + off[1]);
-    r->h = (float *)(b + off[2]);
-    r->hamax = (unsigned *)(b + off[3]);
-    r->hq = (uint4 *)(b + off[4]);
-    r->hs = (float *)(b + off[5]);
-    r->part = (float *)(b + off[6]);
-    r->sorted_tok = (int *)(b + off[7]);
-    r->sorted_slot = (int *)(b + off[8]);
-    r->work = (int4 *)(b + off[9]);
-    r->ctl = (int *)(b + off[10]);
+    r->dsp = (int *)(b + off[0]);
+    r->xq = (uint4 *)(b + off[1]);
+    r->xs = (float *)(b + off[2]);
+    r->h = (float *)(b + off[3]);
+    r->hamax = (unsigned *)(b + off[4]);
+    r->hq = (uint4 *)(b + off[5]);
+    r->hs = (float *)(b + off[6]);
+    r->part = (float *)(b + off[7]);
+    r->sorted_tok = (int *)(b + off[8]);
+    r->sorted_slot = (int *)(b + off[9]);
+    r->work = (int4 *)(b + off[10]);
+    r->ctl = (int *)(b + off[11]);
     r->bar = m->bar;
     return K3_OK;
 }
@@ -649,11 +685,12 @@ static int pick_wp(const k3_cuda_moe *m, int T, int k, int np) {
 
 /* A grouped-chain launch; with pdl the kernel may start before its predecessor ends (it calls
  * pdl_wait before reading what the predecessor writes). */
-static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int pdl, const MoeDev &d, const MoeRun &r,
-                        const char *what, k3_error *err) {
+static int launch_smem(kern_t k, dim3 grid, int threads, int smem, cudaStream_t st, int pdl, const MoeDev &d,
+                       const MoeRun &r, const char *what, k3_error *err) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = st;
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -663,6 +700,11 @@ static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int p
     void *args[2] = {(void *)&d, (void *)&r};
     cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
     return e == cudaSuccess ? K3_OK : k3_cuda_fail(err, e, what, __FILE__, __LINE__);
+}
+
+static int launch_chain(kern_t k, dim3 grid, int threads, cudaStream_t st, int pdl, const MoeDev &d, const MoeRun &r,
+                        const char *what, k3_error *err) {
+    return launch_smem(k, grid, threads, 0, st, pdl, d, r, what, err);
 }
 
 /* Warps per K part of a grouped mma.sync CTA: 4 with whole K (8 tiles share the B rows through
@@ -688,6 +730,12 @@ static dim3 fc_grid(int items, int groups, bool banded) { return banded ? dim3(i
 
 static int dispatch_smem(const k3_cuda_moe *m) { return (3 * (m->d.n_local + 1) + 33) * 4; }
 
+/* Blocks of the grouped dispatch (dsp_count) for S slots. */
+static int dsp_blocks(int S) {
+    const int n = (S + DSP_SLOTS_MIN - 1) / DSP_SLOTS_MIN;
+    return n < DSP_BLOCKS_MAX ? n : DSP_BLOCKS_MAX;
+}
+
 static int launch_check(k3_error *err, const char *what) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return k3_cuda_fail(err, e, what, __FILE__, __LINE__);
@@ -710,7 +758,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     const int nt = b == K3_CUDA_FUSED ? 1 : m->force_nt ? m->force_nt : pick_nt(m, T, k, np);
     const int nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
     const int tn = wp ? wp : wg ? wg : 4 * nt * (3 - np);
-    if (ensure_ws(m, T, k, tn, err)) return err->status;
+    if (ensure_ws(m, T, k, tn, st, err)) return err->status;
     MoeRun r = m->r;
     r.T = T;
     r.k = k;
@@ -723,6 +771,7 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
     r.plain = wg != 0 || wp != 0;
     r.split = wp != 0;
     r.np = np;
+    r.hb16 = wp && mode == K3_MODE_W4A16_BF16;
     const MoeDev d = m->d;
     const int ai = (int)m->act - 1;
     if (b == K3_CUDA_GROUPED) {
@@ -730,9 +779,11 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         int sm = dispatch_smem(m);
         if (!m->prep_attr_set) {
             K3_CUDA_TRY(err, cudaFuncSetAttribute(k_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+            K3_CUDA_TRY(err, cudaFuncSetAttribute(k_scatter, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
             m->prep_attr_set = 1;
         }
-        int nblk = 1 + (T < 1024 ? T : 1024);
+        const int nd = dsp_blocks(S), nblk = nd + (T < 1024 ? T : 1024);
+        r.nd = nd;
         cudaEvent_t *ev = m->stage_ev;
         /* fc1, hconv, fc2 and finalize start while their predecessor drains (pdl_wait before
          * its outputs are read; fc2 first issues its first weight loads): T = 1 112.7 -> 109.1 us,
@@ -747,8 +798,9 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
         r.ks = ks;
         if (ev) cudaEventRecord(ev[0], st);
         k_prep<<<nblk, 256, sm, st>>>(d, r);
-        if (ev) cudaEventRecord(ev[1], st);
         if (launch_check(err, "k_prep<<<>>>")) return err->status;
+        if (launch_smem(k_scatter, dim3(nd), 256, sm, st, pdl, d, r, "k_scatter", err)) return err->status;
+        if (ev) cudaEventRecord(ev[1], st);
         const int fc1_tiles = (int)(k3_act_fc1_rows(m->act, d.I) / 16); /* == d.m1 */
         const kern_t kf1 = fc1_table[np - 1][m->fmt][nti][ai], kf2 = fc2_table[bands][np - 1][m->fmt][nti];
         if (wp) {
@@ -771,8 +823,8 @@ extern "C" int k3_cuda_moe_run(k3_cuda_moe *m, k3_cuda_backend b, k3_act_mode mo
             return err->status;
         }
         if (ev) cudaEventRecord(ev[4], st);
-        if (launch_chain(k_finalize, dim3((d.H + 255) / 256, T < 65535 ? T : 65535), 256, st, pdl, d, r, "k_finalize",
-                         err))
+        if (launch_chain(k_finalize, dim3((d.H / 4 + FIN_THREADS - 1) / FIN_THREADS, T < 65535 ? T : 65535), FIN_THREADS,
+                         st, pdl, d, r, "k_finalize", err))
             return err->status;
         if (ev) cudaEventRecord(ev[5], st);
         return K3_OK;
