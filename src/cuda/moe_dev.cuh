@@ -68,7 +68,8 @@ struct MoeRun {
     float *h; unsigned *hamax;     /* [T*k][I] FC1 output, |h| max bits per position */
     int hb16;                      /* h holds bf16 (wp_epilogue): w4a16-bf16 on k_wgp, whose mode reads
                                       nothing of h but its bf16 (half the bytes through FC1's
-                                      stores and hconv's loads); fp32 elsewhere, where the
+                                      stores and hconv's loads: H100 hconv stage T = 2048 201 ->
+                                      139 us, T = 8192 800 -> 551); fp32 elsewhere, where the
                                       runtime choice cost the fused and k_wg kernels spills */
     uint4 *hq; float *hs;          /* [T*k][I*4 B], row scale [T*k] */
     int plain;                     /* xq / hq in the plain layout of the wgmma path */
@@ -640,7 +641,8 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem,
  * then place their range's slots from their bases. No global atomics but the ticket, and no
  * ordering across blocks (within an expert the positions are in no set order either way: the
  * GEMMs' arithmetic per position does not depend on it). One CTA did all of it before at ~4 ns
- * a slot: H100 prep stage T = 2048 134-154 us, T = 8192 426-478 us (lab/NOTES.md v37).
+ * a slot. H100, NVFP4 K3 layer, prep stage us, one CTA -> this: T = 2048 113-174 -> 44-90,
+ * T = 4096 234-286 -> 70-122, T = 8192 475-526 -> 102-166 (lab/NOTES.md v38).
  * Scratch r.dsp (ints): [0] the ticket (zero between runs: set at allocation, reset by the last
  * block), [DSP_OFF + e] expert offsets, [dsp_hist_at + b * n_local + e] block b's counts, then
  * its bases (within each expert, the counts of the blocks before it). */

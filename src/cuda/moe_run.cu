@@ -205,7 +205,8 @@ __global__ void __launch_bounds__(128, 16) k_hconv(MoeDev m, MoeRun r) {
 #define FIN_THREADS 128
 
 /* finalize_elem over columns c .. c + 3 (H is a multiple of 128, moe_layout): the same sums in
- * the same order, one 16-byte load per slot instead of four 4-byte ones. */
+ * the same order, one 16-byte load per slot instead of four 4-byte ones (H100 finalize stage
+ * T = 2048 194-203 -> 167-169 us, T = 8192 771-789 -> 654-656). */
 __global__ void __launch_bounds__(FIN_THREADS) k_finalize(MoeDev m, MoeRun r) {
     pdl_wait();
     const int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
