@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Lab, on the device (lab/bin and .libs carried; binaries as lab/dsp_check.sh's header says): the
-# landing check of small_stages + fc2_xconv in as little device time as a short budget allows.
+# Lab, on the device (lab/bin and .libs carried): a landing check in as little device time as a
+# short budget allows. Binaries, built here (nvcc on PATH; each build ~4 min): `make -j2`, copy
+# build/tests/tools/cuda_moe_bench to lab/bin/bench_old; apply the change, `make -j2`, copy the
+# bench to lab/bin/bench_xc and build/tests/test_cuda_moe to lab/bin/test_xc (other names via
+# NAMES); strip lab/bin/*; .libs = libcmocka.so.0, libcjson.so.1, libpcre2-8.so.0 from
+# /usr/lib/x86_64-linux-gnu.
 # Correctness first (the whole test_xc, then the quick memcheck), then the A/B old vs xc; each
 # part's lines go to stdout and $OUT as they come, so a cut-short call still reports what ran.
 . "$(dirname "$0")/env.sh" /tmp/xcl; OUT=$out
