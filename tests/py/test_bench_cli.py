@@ -150,10 +150,10 @@ def test_routing_independent_of_other_rows(tiny):
                "-o", "json")
         assert p.returncode == 0, p.stderr
         return {row["tokens"]: row["experts_touched"] for row in json.loads(p.stdout)["rows"]}
-    for seed in (1, 2, 3, 4):
+    # three processes per seed: the two mixed lists also show that a rerun draws the same routing
+    for seed in (1, 2, 3):
         alone = touched("3", seed)[3]
         assert touched("64,3", seed)[3] == alone and touched("3,5", seed)[3] == alone, seed
-        assert touched("3", seed)[3] == alone
 
 
 def test_floors_in_every_format(tiny):
