@@ -650,7 +650,7 @@ static __device__ void moe_dispatch(const MoeDev &m, const MoeRun &r, int *smem,
 #define DSP_SLOTS_MIN 4096 /* slots per block at least (16 per thread): a block's fixed cost is two
                               n_local passes and, in the scan, one count per block and expert */
 #define DSP_OFF 64
-__device__ __forceinline__ int dsp_hist_at(const MoeDev &m) { return DSP_OFF + ((m.n_local + 1 + 63) & ~63); }
+__host__ __device__ __forceinline__ int dsp_hist_at(const MoeDev &m) { return DSP_OFF + ((m.n_local + 1 + 63) & ~63); }
 
 __device__ __forceinline__ void dsp_range(const MoeRun &r, int b, int &lo, int &hi) {
     const int S = r.T * r.k, per = (S + r.nd - 1) / r.nd;

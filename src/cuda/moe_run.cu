@@ -562,7 +562,7 @@ static int ensure_ws(k3_cuda_moe *m, int T, int k, int tn, cudaStream_t st, k3_e
     const size_t S = (size_t)T * k, H = d->H, I = d->I;
     const size_t wmax = (size_t)work_items_max(T * k, d->n_local, tn);
     /* the dispatch scratch first: its ticket stays where it is whatever T (zeroed once, here) */
-    const size_t dsp_ints = DSP_OFF + ((d->n_local + 1 + 63) & ~63) + (size_t)DSP_BLOCKS_MAX * d->n_local;
+    const size_t dsp_ints = dsp_hist_at(*d) + (size_t)DSP_BLOCKS_MAX * d->n_local;
     size_t sz[12] = {dsp_ints * 4, T * H * 4, (size_t)T * 4, S * I * 4, S * 4, S * I * 4, S * 4, S * H * 4, S * 4,
                      S * 4, wmax * 16, 64 + (size_t)fused_cnt_ints(d->m2) * 4};
     size_t tot = 0, off[12];
